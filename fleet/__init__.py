@@ -1,0 +1,1 @@
+"""The contract between omni-router and omni-worker: Redis key layout, records, errors."""

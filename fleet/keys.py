@@ -1,0 +1,59 @@
+"""Redis key layout of one fleet. Every key lives under a versioned prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetKeys:
+    """Key names for the fleet called ``fleet``: ``omni:v1:<fleet>:...``."""
+
+    fleet: str = "default"
+
+    @property
+    def prefix(self) -> str:
+        return f"omni:{SCHEMA_VERSION}:{self.fleet}:"
+
+    @property
+    def workers(self) -> str:
+        """Set of every worker id that registered and has not deregistered."""
+        return self.prefix + "workers"
+
+    def worker(self, worker_id: str) -> str:
+        """JSON ``WorkerRecord``; expires with the heartbeat TTL."""
+        return f"{self.prefix}worker:{worker_id}"
+
+    def load(self, worker_id: str) -> str:
+        """JSON ``LoadReport``; expires with the heartbeat TTL."""
+        return f"{self.prefix}load:{worker_id}"
+
+    def affinity(self, session_key: str) -> str:
+        """Session key -> worker id, with a sliding TTL."""
+        return f"{self.prefix}affinity:{session_key}"
+
+    @property
+    def voices(self) -> str:
+        """Hash: voice name -> JSON ``VoiceRecord`` (metadata)."""
+        return self.prefix + "voices"
+
+    def voice_audio(self, name: str) -> str:
+        """Raw reference audio bytes of one uploaded voice."""
+        return f"{self.prefix}voice-audio:{name}"
+
+    @property
+    def events(self) -> str:
+        """Pub/sub channel of ``FleetEvent`` JSON: joins, readiness, drains, departures."""
+        return self.prefix + "events"
+
+    @property
+    def loads(self) -> str:
+        """Pub/sub channel of ``LoadReport`` JSON, published at every load report."""
+        return self.prefix + "loads"
+
+    @property
+    def affinity_moves(self) -> str:
+        """Counter of session bindings moved to another worker (bounded load, departures)."""
+        return self.prefix + "stats:affinity-moves"

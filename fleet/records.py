@@ -1,0 +1,102 @@
+"""Records that workers write to Redis and routers read. JSON on the wire (pydantic)."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WorkerStatus(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    UNHEALTHY = "unhealthy"
+
+
+class Endpoint(StrEnum):
+    """Fixed vocabulary of the OpenAI-compatible endpoints a worker may serve."""
+
+    CHAT = "chat"  # POST /v1/chat/completions
+    SPEECH = "speech"  # POST /v1/audio/speech
+    TRANSCRIPTION = "transcription"  # POST /v1/audio/transcriptions
+    VOICES = "voices"  # /v1/audio/voices
+    REALTIME = "realtime"  # WebSocket /v1/realtime
+
+
+class Modality(StrEnum):
+    TEXT = "text"
+    AUDIO = "audio"
+    IMAGE = "image"
+    VIDEO = "video"
+
+
+class Capabilities(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoints: list[Endpoint] = Field(default_factory=lambda: [Endpoint.CHAT])
+    input_modalities: list[Modality] = Field(default_factory=lambda: [Modality.TEXT])
+    output_modalities: list[Modality] = Field(default_factory=lambda: [Modality.TEXT])
+    streaming: bool = True
+
+
+class WorkerRecord(BaseModel):
+    """What a worker says about itself. Rewritten on every status change."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    url: str  # advertised base URL, e.g. http://10.0.0.7:8100
+    node: str
+    model: str  # spec name, e.g. "tiny-omni"
+    served_models: list[str]  # names accepted in the request's "model" field
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    capacity: int = Field(64, ge=1, description="max concurrent requests the worker admits")
+    status: WorkerStatus = WorkerStatus.STARTING
+    plan_digest: str = ""
+    plan: dict | None = None  # the launch plan, for dashboards (omni-plan JSON)
+    started_at: float = Field(default_factory=time.time)
+    version: str = "0.1.0"
+
+
+class LoadReport(BaseModel):
+    """What a worker measures about itself, published several times a second."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    at: float = Field(default_factory=time.time)
+    in_flight: int = 0
+    queue_depth: dict[str, int] = Field(default_factory=dict)  # stage name -> waiting+running
+    busy: dict[str, float] = Field(default_factory=dict)  # stage name -> busy fraction 0..1
+    active_sessions: int = 0
+    ttft_ms: float | None = None  # recent time to first token (p50 of a short window)
+    ttfa_ms: float | None = None  # recent time to first audio chunk
+    healthy: bool = True
+
+
+class EventKind(StrEnum):
+    JOINED = "joined"
+    READY = "ready"
+    DRAINING = "draining"
+    UNHEALTHY = "unhealthy"
+    LEFT = "left"
+
+
+class FleetEvent(BaseModel):
+    kind: EventKind
+    worker_id: str
+    at: float = Field(default_factory=time.time)
+    detail: str = ""
+
+
+class VoiceRecord(BaseModel):
+    """An uploaded reference voice; the audio bytes are stored beside it."""
+
+    name: str
+    created_at: float = Field(default_factory=time.time)
+    bytes: int
+    content_type: str = "audio/wav"
+    uploaded_by: str = ""  # worker id
+    sha256: str = ""

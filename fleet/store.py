@@ -1,0 +1,197 @@
+"""Async access to fleet state in Redis: the only code that knows the key layout's semantics."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from fleet.keys import FleetKeys
+from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
+
+# Returns the binding in place after the call: the existing one, or ARGV[1] if none existed.
+_BIND_IF_ABSENT = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return cur
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""
+
+# Moves a binding only if it still points where the caller saw it; returns the binding in place.
+_REBIND_IF_UNCHANGED = """
+local cur = redis.call('GET', KEYS[1])
+if cur == false or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if cur == ARGV[1] then redis.call('INCR', KEYS[2]) end
+  return ARGV[2]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return cur
+"""
+
+
+def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
+    """A client with short timeouts, so that a dead Redis never stalls a request path."""
+    return aioredis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=10,
+        retry_on_timeout=False,
+    )
+
+
+@dataclass(slots=True)
+class WorkerView:
+    """A worker as a router sees it in one snapshot."""
+
+    record: WorkerRecord
+    load: LoadReport | None
+
+
+class FleetStore:
+    def __init__(self, client: aioredis.Redis, fleet: str = "default") -> None:
+        self.redis = client
+        self.keys = FleetKeys(fleet)
+        self._bind = client.register_script(_BIND_IF_ABSENT)
+        self._rebind = client.register_script(_REBIND_IF_UNCHANGED)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except (aioredis.RedisError, OSError):
+            return False
+
+    # -- worker side -------------------------------------------------------------------------
+
+    async def write_record(self, record: WorkerRecord, ttl_ms: int) -> None:
+        """Create or replace the record, keep it alive for ``ttl_ms``, and index it."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.worker(record.id), record.model_dump_json(), px=ttl_ms)
+            pipe.sadd(self.keys.workers, record.id)
+            await pipe.execute()
+
+    async def heartbeat(self, record: WorkerRecord, ttl_ms: int) -> bool:
+        """Extend the record's TTL. Returns False if the record was gone and had to be rewritten
+        (it expired, or Redis restarted empty); the caller then announces itself again."""
+        alive = await self.redis.pexpire(self.keys.worker(record.id), ttl_ms)
+        if alive:
+            return True
+        await self.write_record(record, ttl_ms)
+        return False
+
+    async def publish_load(self, report: LoadReport, ttl_ms: int) -> None:
+        data = report.model_dump_json()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.load(report.worker_id), data, px=ttl_ms)
+            pipe.publish(self.keys.loads, data)
+            await pipe.execute()
+
+    async def publish_event(self, kind: EventKind, worker_id: str, detail: str = "") -> None:
+        event = FleetEvent(kind=kind, worker_id=worker_id, detail=detail)
+        await self.redis.publish(self.keys.events, event.model_dump_json())
+
+    async def deregister(self, worker_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(worker_id), self.keys.load(worker_id))
+            pipe.srem(self.keys.workers, worker_id)
+            await pipe.execute()
+        await self.publish_event(EventKind.LEFT, worker_id)
+
+    # -- router side -------------------------------------------------------------------------
+
+    async def snapshot(self) -> dict[str, WorkerView]:
+        """Every live worker with its latest load. Ids whose record expired are pruned."""
+        ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.workers))
+        if not ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.mget([self.keys.worker(i) for i in ids])
+            pipe.mget([self.keys.load(i) for i in ids])
+            records, loads = await pipe.execute()
+        views: dict[str, WorkerView] = {}
+        expired: list[str] = []
+        for worker_id, raw_record, raw_load in zip(ids, records, loads, strict=True):
+            if raw_record is None:
+                expired.append(worker_id)
+                continue
+            load = LoadReport.model_validate_json(raw_load) if raw_load else None
+            views[worker_id] = WorkerView(WorkerRecord.model_validate_json(raw_record), load)
+        if expired:
+            await self.redis.srem(self.keys.workers, *expired)
+        return views
+
+    async def listen(self) -> AsyncIterator[FleetEvent | LoadReport]:
+        """Events and load reports as they are published. Ends when the connection breaks."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.keys.events, self.keys.loads)
+        try:
+            async for message in pubsub.listen():
+                channel = message["channel"].decode()
+                data = message["data"]
+                if channel == self.keys.events:
+                    yield FleetEvent.model_validate_json(data)
+                else:
+                    yield LoadReport.model_validate_json(data)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def lookup_session(self, session_key: str, ttl_ms: int) -> str | None:
+        """The worker bound to a session, sliding its TTL."""
+        worker = await self.redis.getex(self.keys.affinity(session_key), px=ttl_ms)
+        return worker.decode() if worker is not None else None
+
+    async def bind_session(self, session_key: str, worker_id: str, ttl_ms: int) -> str:
+        """Bind the session to ``worker_id`` unless another router bound it first.
+        Returns the worker that the session is bound to now."""
+        bound = await self._bind(keys=[self.keys.affinity(session_key)], args=[worker_id, ttl_ms])
+        return bound.decode() if isinstance(bound, bytes) else bound
+
+    async def move_session(self, session_key: str, old: str, new: str, ttl_ms: int) -> str:
+        """Move a binding from ``old`` to ``new`` if nobody moved it meanwhile; counts the move.
+        Returns the worker that the session is bound to now."""
+        bound = await self._rebind(
+            keys=[self.keys.affinity(session_key), self.keys.affinity_moves],
+            args=[old, new, ttl_ms],
+        )
+        return bound.decode() if isinstance(bound, bytes) else bound
+
+    async def affinity_moves(self) -> int:
+        return int(await self.redis.get(self.keys.affinity_moves) or 0)
+
+    # -- voices ------------------------------------------------------------------------------
+
+    async def put_voice(self, record: VoiceRecord, audio: bytes) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.voice_audio(record.name), audio)
+            pipe.hset(self.keys.voices, record.name, record.model_dump_json())
+            await pipe.execute()
+
+    async def get_voice(self, name: str) -> tuple[VoiceRecord, bytes] | None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self.keys.voices, name)
+            pipe.get(self.keys.voice_audio(name))
+            raw, audio = await pipe.execute()
+        if raw is None or audio is None:
+            return None
+        return VoiceRecord.model_validate_json(raw), audio
+
+    async def list_voices(self) -> list[VoiceRecord]:
+        raw = await self.redis.hvals(self.keys.voices)
+        return sorted((VoiceRecord.model_validate_json(r) for r in raw), key=lambda v: v.name)
+
+    async def delete_voice(self, name: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.voices, name)
+            pipe.delete(self.keys.voice_audio(name))
+            removed, _ = await pipe.execute()
+        return bool(removed)

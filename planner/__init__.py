@@ -1,0 +1,1 @@
+"""Model specs, memory estimation from Hugging Face configs, placement, the launch plan."""

@@ -1,0 +1,110 @@
+"""The launch plan: what ``omni-plan`` prints and exactly what ``omni-worker`` launches.
+
+JSON-serialisable and versioned. Bytes are integers; nothing here is computed lazily, so a
+plan read back from JSON is the same plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PLAN_VERSION = 1
+
+
+class MemoryCategory(StrEnum):
+    WEIGHTS = "weights"
+    KV_CACHE = "kv_cache"
+    ACTIVATIONS = "activations"  # activations + workspace
+    RUNTIME = "runtime"  # CUDA context, allocator slack, graphs
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MemoryBudget(Frozen):
+    weights: int = 0
+    kv_cache: int = 0
+    activations: int = 0
+    runtime: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations + self.runtime
+
+
+class StagePlacement(Frozen):
+    """One stage inside one process, on one device (per TP rank for GPU stages)."""
+
+    stage: str
+    memory: MemoryBudget = Field(default_factory=MemoryBudget)
+    kv_tokens: int = 0  # KV capacity in tokens (autoregressive stages)
+    max_running_requests: int = 0
+
+
+class ProcessPlan(Frozen):
+    name: str  # "<replica>/<process group>", unique on the node
+    group: str  # the spec's process group
+    replica: int
+    stages: list[StagePlacement]
+    device: str  # "gpu" | "cpu"
+    gpus: list[int] = Field(default_factory=list)  # node-local indices, one per TP rank
+    tp_size: int = 1
+    env: dict[str, str] = Field(default_factory=dict)  # includes CUDA_VISIBLE_DEVICES
+    memory_per_gpu: MemoryBudget = Field(default_factory=MemoryBudget)
+    engine_fraction: float | None = None  # share of each GPU handed to the engine
+
+
+class GpuPlan(Frozen):
+    index: int
+    name: str  # catalog name, e.g. "H100-80GB"
+    capacity_bytes: int
+    reserved_bytes: int  # headroom kept free by policy
+    by_stage: dict[str, MemoryBudget] = Field(default_factory=dict)  # "<replica>/<stage>"
+    planned: MemoryBudget = Field(default_factory=MemoryBudget)
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.planned.total
+
+
+class ReplicaPlan(Frozen):
+    index: int
+    gpus: list[int]
+    processes: list[str]  # ProcessPlan names
+
+
+class NodePlan(Frozen):
+    node: str
+    gpus: list[GpuPlan]
+    replicas: list[ReplicaPlan]
+    processes: list[ProcessPlan]
+
+
+class PlanError(Frozen):
+    """Why a layout does not fit, precisely enough to act on."""
+
+    node: str
+    gpu: int | None
+    overflow_bytes: int
+    message: str
+    fixes: list[str] = Field(default_factory=list)
+
+
+class LaunchPlan(Frozen):
+    version: int = PLAN_VERSION
+    spec: str  # spec name
+    spec_digest: str  # sha256 of the resolved spec's JSON
+    fits: bool
+    errors: list[PlanError] = Field(default_factory=list)
+    nodes: list[NodePlan] = Field(default_factory=list)
+
+    @property
+    def replicas(self) -> int:
+        return sum(len(n.replicas) for n in self.nodes)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]

@@ -1,0 +1,140 @@
+"""The model spec (configs/models/*.yaml): one servable variant's stage graph and settings.
+
+The spec is the single source of truth for both the planner and the worker. Overrides (see
+``planner.overrides``) may change settings but never the graph.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Device(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class DType(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP8 = "fp8"
+
+    @property
+    def bytes(self) -> int:
+        return {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[self.value]
+
+
+class Executor(StrEnum):
+    """What a stage does; the worker maps each onto an implementation."""
+
+    PREPROCESS = "preprocess"  # CPU: request -> model inputs (tokens, audio features)
+    ENCODER = "encoder"  # non-autoregressive, batched with a short window
+    AGGREGATE = "aggregate"  # fan-in: merges several inputs, no weights
+    AUTOREGRESSIVE = "autoregressive"  # KV cache, step-level batching
+    DECODE = "decode"  # CPU: token stream -> text deltas
+    VOCODER = "vocoder"  # non-autoregressive: codec frames -> audio chunks
+
+
+class Backend(StrEnum):
+    TRANSFORMERS = "transformers"
+    SGLANG = "sglang"  # GPU only; the seam for a later executor
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ComponentSpec(Strict):
+    """Which part of the model's checkpoint a stage holds (for weight counting and loading)."""
+
+    module: str = Field("", description="dotted submodule of the HF model; '' = the whole model")
+    exclude: list[str] = Field(default_factory=list, description="submodules counted elsewhere")
+    config_dir: str = Field("", description="sub-directory with its own config.json, e.g. a codec")
+
+
+class EngineSettings(Strict):
+    backend: Backend = Backend.TRANSFORMERS
+    max_running_requests: int = Field(16, ge=1)
+    context_length: int = Field(4096, ge=1)
+    kv_budget_tokens: int | None = Field(None, ge=1, description="None: what the memory buys")
+    max_new_tokens: int = Field(256, ge=1)
+
+
+class BatchingSettings(Strict):
+    max_batch_size: int = Field(8, ge=1)
+    window_ms: float = Field(2.0, ge=0)
+
+
+class StageSpec(Strict):
+    executor: Executor
+    component: ComponentSpec | None = None
+    device: Device = Device.GPU
+    process: str = Field("", description="process group; stages in one group share a process")
+    next: list[str] = Field(default_factory=list, description="final-payload edges")
+    stream_to: list[str] = Field(default_factory=list, description="streaming edges")
+    wait_for: list[str] = Field(default_factory=list, description="fan-in: inputs to merge")
+    terminal: bool = False
+    only_for_output: list[Literal["text", "audio"]] = Field(
+        default_factory=list, description="run only when the request asks for these outputs"
+    )
+    tp_size: int = Field(1, ge=1)
+    dtype: DType = DType.BF16
+    gpus: list[int] | None = Field(None, description="pinned node-local GPU indices")
+    memory_share: float | None = Field(None, gt=0, le=1, description="colocated layouts")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+
+
+class CapabilitiesSpec(Strict):
+    endpoints: list[Literal["chat", "speech", "transcription", "voices", "realtime"]]
+    input_modalities: list[Literal["text", "audio", "image", "video"]] = ["text"]
+    output_modalities: list[Literal["text", "audio"]] = ["text"]
+
+
+class ModelSpec(Strict):
+    name: str
+    description: str = ""
+    served_models: list[str] = Field(default_factory=list, description="defaults to [name]")
+    model_dir: str = Field(description="directory with config.json, relative to the spec file")
+    capabilities: CapabilitiesSpec
+    entry: str = Field(description="the stage that receives requests")
+    stages: dict[str, StageSpec]
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> ModelSpec:
+        names = set(self.stages)
+        if self.entry not in names:
+            raise ValueError(f"entry {self.entry!r} is not a stage; stages: {sorted(names)}")
+        for name, stage in self.stages.items():
+            if not stage.process:
+                stage.process = name
+            for field in ("next", "stream_to", "wait_for"):
+                for target in getattr(stage, field):
+                    if target not in names:
+                        raise ValueError(
+                            f"stages.{name}.{field}: unknown stage {target!r}; "
+                            f"stages: {sorted(names)}"
+                        )
+        if not any(s.terminal for s in self.stages.values()):
+            raise ValueError("no stage is terminal: a request would never return")
+        if not self.served_models:
+            self.served_models = [self.name]
+        return self
+
+    def process_groups(self) -> dict[str, list[str]]:
+        """Process group -> its stages, in spec order."""
+        groups: dict[str, list[str]] = {}
+        for name, stage in self.stages.items():
+            groups.setdefault(stage.process, []).append(name)
+        return groups
+
+
+def resolve_model_dir(spec: ModelSpec, spec_path: Path) -> Path:
+    """``model_dir`` is relative to the spec file; ``~`` and absolute paths work too."""
+    path = Path(spec.model_dir).expanduser()
+    return path if path.is_absolute() else (spec_path.parent / path).resolve()

@@ -1,0 +1,1 @@
+"""omni-router: discovery, worker selection, affinity, admission, proxying."""

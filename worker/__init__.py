@@ -1,0 +1,1 @@
+"""omni-worker: node daemon, pipeline runtime, stages, OpenAI-compatible API."""
