@@ -1,0 +1,97 @@
+"""The seam between the HTTP layer and the pipeline runtime.
+
+The API layer turns an HTTP request into a ``GenerationRequest`` and consumes the events that
+``Engine.generate`` yields. Cancelling the consuming task (client disconnect) or closing the
+iterator aborts the request in every stage and frees its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+import numpy as np
+
+
+class RequestKind(StrEnum):
+    CHAT = "chat"
+    SPEECH = "speech"
+    TRANSCRIPTION = "transcription"
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    kind: RequestKind
+    # chat: OpenAI-style messages whose content is plain text (audio parts are moved to `audio`)
+    messages: list[dict] = field(default_factory=list)
+    text: str = ""  # speech: the text to speak
+    audio: np.ndarray | None = None  # mono float32 at AUDIO_INPUT_RATE (input audio)
+    output_audio: bool = False  # chat with modalities ["text", "audio"], and all speech
+    voice: str | None = None  # a built-in speaker, or an uploaded voice's name
+    voice_audio: np.ndarray | None = None  # reference audio of an uploaded voice (float32)
+    max_tokens: int | None = None
+    session_id: str | None = None
+
+
+AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume
+AUDIO_OUTPUT_RATE = 24_000  # Hz, what the vocoder produces (mono, int16 PCM on the wire)
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class AudioChunk:
+    pcm16: bytes  # little-endian int16 mono at AUDIO_OUTPUT_RATE
+
+
+@dataclass(slots=True)
+class Finished:
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+Event = TextDelta | AudioChunk | Finished
+
+
+class StageFailed(Exception):
+    """A stage process died or errored while the request was in flight (HTTP 503)."""
+
+
+@dataclass(slots=True)
+class StageLoad:
+    queue_depth: int = 0  # waiting + running requests
+    busy: float = 0.0  # fraction of recent wall time spent computing, 0..1
+
+
+@dataclass(slots=True)
+class EngineStatus:
+    ready: bool
+    healthy: bool
+    stages: dict[str, StageLoad]
+    detail: str = ""  # e.g. "restarting process group talker"
+
+
+ProgressCallback = Callable[[str], None]
+
+
+class Engine(Protocol):
+    async def start(self, progress: ProgressCallback) -> None:
+        """Launch every process of the plan; return once every stage reported ready."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """Run one request through the pipeline. Raises ``StageFailed`` if a stage dies."""
+
+    def status(self) -> EngineStatus: ...
+
+    def speakers(self) -> list[str]:
+        """Built-in voice names."""
+
+    async def stop(self) -> None:
+        """Stop every stage process (in-flight requests are the caller's to drain first)."""
