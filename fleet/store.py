@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from fleet.keys import FleetKeys
 from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
+from fleet.redis_url import is_sentinel_url, parse_sentinel_url, sentinel_client
 
 # Returns the binding in place after the call: the existing one, or ARGV[1] if none existed.
 _BIND_IF_ABSENT = """
@@ -36,14 +37,19 @@ return cur
 
 
 def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
-    """A client with short timeouts, so that a dead Redis never stalls a request path."""
-    return aioredis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        health_check_interval=10,
-        retry_on_timeout=False,
-    )
+    """A client with short timeouts, so that a dead Redis never stalls a request path.
+
+    ``redis://``, ``rediss://`` (TLS) and ``unix://`` go to redis-py; ``redis+sentinel://`` and
+    ``rediss+sentinel://`` reach the master through Redis Sentinel (see ``fleet.redis_url``)."""
+    kwargs = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "health_check_interval": 10,
+        "retry_on_timeout": False,
+    }
+    if is_sentinel_url(url):
+        return sentinel_client(parse_sentinel_url(url), **kwargs)
+    return aioredis.from_url(url, **kwargs)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,158 @@
+"""Production Redis URLs beyond what ``redis.from_url`` understands: Redis Sentinel.
+
+``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs go to redis-py unchanged. A Sentinel
+deployment is named by one URL too, so that ``OMNI_REDIS_URL`` stays the single knob:
+
+    redis+sentinel://[[user]:password@]host1[:port1][,host2[:port2]...]/service_name[/db]
+        [?sentinel_password=...&sentinel_username=...]
+    rediss+sentinel://...   (TLS to the sentinels and to the master)
+
+The password in the user-info part authenticates against the master (and its replicas); the
+sentinels themselves often run without AUTH, or with their own ``sentinel_password``. Sentinel
+port defaults to 26379, db to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+DEFAULT_SENTINEL_PORT = 26379
+_SENTINEL_QUERY = ("sentinel_password", "sentinel_username")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    ssl: bool = False
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in SENTINEL_SCHEMES
+
+
+def _host_port(item: str, url: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
+    if item.startswith("["):
+        host, sep, rest = item[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad IPv6 sentinel address {item!r} in {url!r}")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise ValueError(f"empty sentinel host in {url!r}")
+    if not port_text:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad sentinel port {port_text!r} in {url!r}")
+    return host, int(port_text)
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse a Sentinel URL; every mistake raises ``ValueError`` naming the part at fault.
+
+    Error messages never repeat the password: the URL is quoted with credentials removed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
+        raise ValueError(f"not a Sentinel URL (schemes: {', '.join(SENTINEL_SCHEMES)})")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    creds, at, hosts = netloc.rpartition("@")
+    shown = f"{scheme}://{'***@' if at else ''}{hosts}/{path}"
+
+    username = password = None
+    if at:
+        user, colon, secret = creds.partition(":")
+        if not colon:
+            # redis-py would read "secret@host" as a user name with no password: say so.
+            raise ValueError(
+                f"credentials without ':' in {shown!r}: write :password@ or user:password@"
+            )
+        username = unquote(user) or None
+        password = unquote(secret) or None
+
+    if not hosts:
+        raise ValueError(f"no sentinel hosts in {shown!r}")
+    sentinels = tuple(_host_port(h.strip(), shown) for h in hosts.split(","))
+
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        raise ValueError(f"no service name in {shown!r}: expected .../<service_name>[/<db>]")
+    if len(parts) > 2:
+        raise ValueError(f"too many path parts in {shown!r}: expected /<service_name>[/<db>]")
+    db = 0
+    if len(parts) == 2:
+        if not parts[1].isdigit():
+            raise ValueError(f"db must be a number, got {parts[1]!r} in {shown!r}")
+        db = int(parts[1])
+
+    options: dict[str, str] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name not in _SENTINEL_QUERY:
+            raise ValueError(
+                f"unknown option {name!r} in Sentinel URL; known: {', '.join(_SENTINEL_QUERY)}"
+            )
+        options[name] = values[-1]
+
+    return SentinelURL(
+        sentinels=sentinels,
+        service_name=unquote(parts[0]),
+        db=db,
+        username=username,
+        password=password,
+        sentinel_username=options.get("sentinel_username") or None,
+        sentinel_password=options.get("sentinel_password") or None,
+        ssl=scheme.lower().startswith("rediss"),
+    )
+
+
+class _SentinelMasterRedis(aioredis.Redis):
+    """The master's client; closing it also closes the connections to the sentinels."""
+
+    sentinel: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel is not None:
+            for client in self.sentinel.sentinels:
+                await client.aclose()
+
+
+def sentinel_client(parsed: SentinelURL, **connection_kwargs: Any) -> aioredis.Redis:
+    """A client for the current master of ``parsed.service_name``. It asks the sentinels on
+    (re)connect, so a failover moves it to the promoted replica without a restart."""
+    socket_kwargs = {k: v for k, v in connection_kwargs.items() if k.startswith("socket_")}
+    sentinel_kwargs: dict[str, Any] = dict(socket_kwargs)
+    if parsed.sentinel_password:
+        sentinel_kwargs["password"] = parsed.sentinel_password
+    if parsed.sentinel_username:
+        sentinel_kwargs["username"] = parsed.sentinel_username
+    if parsed.ssl:
+        sentinel_kwargs["ssl"] = True
+    master_kwargs: dict[str, Any] = dict(connection_kwargs, db=parsed.db)
+    if parsed.password:
+        master_kwargs["password"] = parsed.password
+    if parsed.username:
+        master_kwargs["username"] = parsed.username
+    if parsed.ssl:
+        master_kwargs["ssl"] = True
+    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)
+    client = sentinel.master_for(
+        parsed.service_name, redis_class=_SentinelMasterRedis, **master_kwargs
+    )
+    client.sentinel = sentinel
+    return client

@@ -1,0 +1,253 @@
+"""Production Redis URLs: password auth, TLS/Sentinel URL parsing, and a real Sentinel."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import MasterNotFoundError
+
+from fleet.records import WorkerRecord
+from fleet.redis_server import RedisServer, free_port
+from fleet.redis_url import DEFAULT_SENTINEL_PORT, is_sentinel_url, parse_sentinel_url
+from fleet.store import FleetStore, connect
+
+# A password with every character that must be percent-encoded in a URL.
+PASSWORD = "s3 cr/:@t?#%"
+
+
+def record(worker_id: str) -> WorkerRecord:
+    return WorkerRecord(
+        id=worker_id, url="http://127.0.0.1:9", node="n1", model="tiny", served_models=["tiny"]
+    )
+
+
+# -- URL parsing ---------------------------------------------------------------------------------
+
+
+def test_sentinel_url_with_hosts_password_db_and_options() -> None:
+    url = (
+        "redis+sentinel://:pw%40x@10.0.0.1:26380,sentinel-b,[fd00::3]:26381/omni/2"
+        "?sentinel_password=sp&sentinel_username=su"
+    )
+    parsed = parse_sentinel_url(url)
+    assert parsed.sentinels == (
+        ("10.0.0.1", 26380),
+        ("sentinel-b", DEFAULT_SENTINEL_PORT),
+        ("fd00::3", 26381),
+    )
+    assert (parsed.service_name, parsed.db) == ("omni", 2)
+    assert (parsed.username, parsed.password) == (None, "pw@x")
+    assert (parsed.sentinel_username, parsed.sentinel_password) == ("su", "sp")
+    assert parsed.ssl is False
+
+
+def test_tls_sentinel_url_and_user_credentials() -> None:
+    parsed = parse_sentinel_url("rediss+sentinel://app:pw@s1:1/mymaster")
+    assert parsed.ssl is True
+    assert (parsed.username, parsed.password, parsed.db) == ("app", "pw", 0)
+    assert is_sentinel_url("REDIS+SENTINEL://h/s")
+    assert not is_sentinel_url("redis://h:6379/0")
+    assert not is_sentinel_url("rediss://h:6379/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://:pw@h1:1", "no service name"),
+        ("redis+sentinel://:pw@h1:1/", "no service name"),
+        ("redis+sentinel://:pw@/omni", "no sentinel hosts"),
+        ("redis+sentinel://:pw@h1:99999/omni", "bad sentinel port"),
+        ("redis+sentinel://:pw@h1:x/omni", "bad sentinel port"),
+        ("redis+sentinel://:pw@h1,,h2/omni", "empty sentinel host"),
+        ("redis+sentinel://:pw@[fd00::1/omni", "bad IPv6"),
+        ("redis+sentinel://:pw@h1/omni/zero", "db must be a number"),
+        ("redis+sentinel://:pw@h1/omni/0/extra", "too many path parts"),
+        ("redis+sentinel://:pw@h1/omni?ssl=true", "unknown option 'ssl'"),
+        ("redis+sentinel://pw@h1/omni", "credentials without ':'"),
+        ("redis://:pw@h1/omni", "not a Sentinel URL"),
+    ],
+)
+def test_bad_sentinel_urls_are_named_precisely_without_the_password(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as err:
+        parse_sentinel_url(url)
+    assert "pw" not in str(err.value)
+
+
+def test_connect_builds_a_sentinel_client_without_touching_the_network() -> None:
+    client = connect("redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/omni/3", timeout_s=0.5)
+    assert isinstance(client, aioredis.Redis)
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["db"], kwargs["password"], kwargs["socket_timeout"]) == (3, "pw", 0.5)
+    assert [c.connection_pool.connection_kwargs["port"] for c in client.sentinel.sentinels] == [
+        1,
+        2,
+    ]
+
+
+def test_connect_passes_tls_and_unix_urls_to_redis_py() -> None:
+    tls = connect("rediss://:pw@redis.example:6380/1")
+    assert tls.connection_pool.connection_class.__name__ == "SSLConnection"
+    unix = connect("unix:///run/redis/redis.sock?db=4")
+    assert unix.connection_pool.connection_kwargs["path"] == "/run/redis/redis.sock"
+    assert unix.connection_pool.connection_kwargs["db"] == 4
+
+
+# -- password auth against a real redis-server ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def password_server() -> Iterator[RedisServer]:
+    with RedisServer(password=PASSWORD) as server:
+        yield server
+
+
+async def test_fleet_store_works_with_a_password_url(password_server: RedisServer) -> None:
+    assert "%20" in password_server.url  # percent-encoded, decoded by redis-py
+    store = FleetStore(connect(password_server.url), fleet="auth")
+    try:
+        assert await store.ping()
+        await store.write_record(record("w1"), ttl_ms=5000)
+        assert list(await store.snapshot()) == ["w1"]
+        assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("password", [None, "wrong"])
+async def test_fleet_store_fails_clearly_without_the_right_password(
+    password_server: RedisServer, password: str | None
+) -> None:
+    auth = f":{password}@" if password else ""
+    store = FleetStore(connect(f"redis://{auth}127.0.0.1:{password_server.port}/0"))
+    try:
+        assert await store.ping() is False
+        with pytest.raises(redis.AuthenticationError) as err:
+            await store.snapshot()
+        expected = "invalid username-password" if password else "Authentication required"
+        assert expected in str(err.value)
+    finally:
+        await store.close()
+
+
+def test_redis_server_extra_args_override_defaults() -> None:
+    with RedisServer(extra_args=["--appendonly", "yes", "--maxmemory", "12mb"]) as server:
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert client.config_get("appendonly") == {"appendonly": "yes"}
+            assert client.config_get("maxmemory") == {"maxmemory": str(12 * 1024 * 1024)}
+        finally:
+            client.close()
+
+
+# -- a real Sentinel -----------------------------------------------------------------------------
+
+
+class Sentinel:
+    """``redis-server --sentinel`` watching one master on loopback; quorum 1."""
+
+    def __init__(self, master_port: int, service: str, password: str | None) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="omni-sentinel-"))
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f"dir {self.dir}",
+            f"sentinel monitor {service} 127.0.0.1 {master_port} 1",
+            f"sentinel down-after-milliseconds {service} 1000",
+        ]
+        if password:
+            lines.append(f'sentinel auth-pass {service} "{password}"')
+        # Sentinel rewrites its config file as it learns: it must be a writable file of its own.
+        self.config = self.dir / "sentinel.conf"
+        self.config.write_text("\n".join(lines) + "\n")
+        binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
+        assert binary is not None
+        self.process = subprocess.Popen(
+            [binary, str(self.config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def wait_for_master(self, service: str, timeout_s: float = 10.0) -> None:
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                assert self.process.poll() is None, "sentinel exited"
+                try:
+                    if client.sentinel_get_master_addr_by_name(service):
+                        return
+                except (TimeoutError, redis.ConnectionError):
+                    pass
+                time.sleep(0.05)
+            raise TimeoutError(f"sentinel on {self.port} did not report {service}")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sentinel(password_server: RedisServer) -> Iterator[Sentinel]:
+    if not (shutil.which("redis-sentinel") or shutil.which("redis-server")):
+        pytest.skip("no redis-sentinel or redis-server binary (apt-get install redis-server)")
+    watcher = Sentinel(password_server.port, "omni", PASSWORD)
+    try:
+        watcher.wait_for_master("omni")
+        yield watcher
+    finally:
+        watcher.stop()
+
+
+async def test_fleet_store_through_a_sentinel_url(
+    sentinel: Sentinel, password_server: RedisServer
+) -> None:
+    url = f"redis+sentinel://:{quote(PASSWORD, safe='')}@127.0.0.1:{sentinel.port}/omni/5"
+    store = FleetStore(connect(url), fleet="sentinel")
+    try:
+        await store.write_record(record("w9"), ttl_ms=5000)
+        assert list(await store.snapshot()) == ["w9"]
+        assert await store.bind_session("s", "w9", ttl_ms=5000) == "w9"
+        assert await store.move_session("s", "w9", "w10", ttl_ms=5000) == "w10"
+        assert await store.affinity_moves() == 1
+
+        # The data is in the master's db 5, where the URL said.
+        direct = redis.Redis.from_url(password_server.url.replace("/0", "/5"))
+        try:
+            assert direct.get(store.keys.affinity("s")) == b"w10"
+        finally:
+            direct.close()
+
+        # Pub/sub goes through the sentinel-managed pool too.
+        events = store.listen()
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.1)  # let the subscription land before publishing
+        await store.deregister("w9")
+        event = await asyncio.wait_for(first, timeout=5)
+        assert event.worker_id == "w9"
+        await events.aclose()
+    finally:
+        await store.close()
+
+
+async def test_sentinel_url_with_unknown_service_fails_clearly(sentinel: Sentinel) -> None:
+    store = FleetStore(connect(f"redis+sentinel://127.0.0.1:{sentinel.port}/nope"))
+    try:
+        assert await store.ping() is False
+        with pytest.raises(MasterNotFoundError, match="nope"):
+            await store.snapshot()
+    finally:
+        await store.close()
