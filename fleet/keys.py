@@ -9,13 +9,17 @@ SCHEMA_VERSION = "v1"
 
 @dataclass(frozen=True, slots=True)
 class FleetKeys:
-    """Key names for the fleet called ``fleet``: ``omni:v1:<fleet>:...``."""
+    """Key names for the fleet called ``fleet``: ``omni:v1:{<fleet>}:...``.
+
+    The braces are a Redis Cluster hash tag: every key of one fleet hashes to the same slot, so
+    the multi-key transactions and Lua scripts of ``fleet.store`` stay legal on a cluster (a
+    fleet's state is small; one slot holds it). Outside Cluster the braces mean nothing."""
 
     fleet: str = "default"
 
     @property
     def prefix(self) -> str:
-        return f"omni:{SCHEMA_VERSION}:{self.fleet}:"
+        return f"omni:{SCHEMA_VERSION}:{{{self.fleet}}}:"
 
     @property
     def workers(self) -> str:

@@ -14,8 +14,11 @@ from urllib.parse import quote
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import MasterNotFoundError
+from redis.cluster import key_slot
 
+from fleet.keys import FleetKeys
 from fleet.records import WorkerRecord
 from fleet.redis_server import RedisServer, free_port
 from fleet.redis_url import DEFAULT_SENTINEL_PORT, is_sentinel_url, parse_sentinel_url
@@ -251,3 +254,63 @@ async def test_sentinel_url_with_unknown_service_fails_clearly(sentinel: Sentine
             await store.snapshot()
     finally:
         await store.close()
+
+
+# -- Redis Cluster: one fleet, one hash slot -----------------------------------------------------
+
+
+def test_every_key_of_a_fleet_hashes_to_one_cluster_slot() -> None:
+    keys = FleetKeys("prod-eu")
+    names = [
+        keys.workers,
+        keys.worker("w1"),
+        keys.load("w1"),
+        keys.affinity("session-42"),
+        keys.affinity_moves,
+        keys.voices,
+        keys.voice_audio("alice"),
+        keys.events,
+        keys.loads,
+    ]
+    assert {key_slot(name.encode()) for name in names} == {key_slot(b"prod-eu")}
+    assert key_slot(FleetKeys("prod-us").workers.encode()) != key_slot(b"prod-eu")
+
+
+@pytest.fixture
+def cluster_node() -> Iterator[RedisServer]:
+    """A one-node Redis Cluster owning all 16384 slots: cross-slot checks are as strict as on a
+    real cluster. The bus port is chosen explicitly, port+10000 may be out of range."""
+    args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+    with RedisServer(extra_args=[*args, "--cluster-port", str(free_port())]) as server:
+        client = redis.Redis(port=server.port)
+        try:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            deadline = time.monotonic() + 10
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline, "one-node cluster did not become ok"
+                time.sleep(0.05)
+        finally:
+            client.close()
+        yield server
+
+
+async def test_multi_key_transactions_and_scripts_run_on_a_cluster(
+    cluster_node: RedisServer,
+) -> None:
+    cluster = RedisCluster(host="127.0.0.1", port=cluster_node.port, socket_timeout=2)
+    store = FleetStore(cluster, fleet="c1")  # type: ignore[arg-type]
+    try:
+        await store.write_record(record("w1"), ttl_ms=5000)  # MULTI: record + index set
+        assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
+        assert await store.move_session("s", "w1", "w2", ttl_ms=5000) == "w2"  # script, 2 keys
+        assert await store.lookup_session("s", ttl_ms=5000) == "w2"
+        await store.deregister("w1")  # MULTI: record + load + index set
+        assert await cluster.smembers(store.keys.workers) == set()
+        # Without the hash tag the same transaction is refused by the cluster client.
+        with pytest.raises(redis.RedisClusterException, match="same slot"):
+            async with cluster.pipeline(transaction=True) as pipe:
+                pipe.set("omni:v1:c1:worker:w1", "x")
+                pipe.sadd("omni:v1:c1:workers", "w1")
+                await pipe.execute()
+    finally:
+        await cluster.aclose()
