@@ -1,0 +1,328 @@
+"""The worker's HTTP layer in-process over real HTTP on 127.0.0.1, against the test-only
+FakeEngine (tests/worker_fakes.py): request shapes, every kind of bad input, token auth,
+body limits, abort on disconnect. The real pipeline is covered by test_worker_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+import uvicorn
+from worker_fakes import FakeEngine
+
+from fleet.records import WorkerStatus
+from fleet.store import FleetStore, connect
+from planner.spec import ModelSpec
+from worker.api.app import create_app
+from worker.daemon import _Server, bind
+from worker.service import WorkerService
+from worker.settings import WorkerSettings
+
+TOKEN = "s3cret-token"
+
+SPEC = ModelSpec.model_validate(
+    {
+        "name": "fake-omni",
+        "model_dir": ".",
+        "capabilities": {
+            "endpoints": ["chat", "speech", "transcription", "voices"],
+            "input_modalities": ["text", "audio"],
+            "output_modalities": ["text", "audio"],
+        },
+        "entry": "thinker",
+        "stages": {"thinker": {"executor": "autoregressive", "terminal": True}},
+    }
+)
+
+
+def wav_bytes(seconds: float, rate: int = 16_000, freq: float = 440.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV")
+    return buf.getvalue()
+
+
+@dataclass
+class Running:
+    url: str
+    service: WorkerService
+    engine: FakeEngine
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, fn, *args) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+
+def serve_in_thread(settings: WorkerSettings, redis_url: str | None = None) -> Iterator[Running]:
+    engine = FakeEngine()
+    service = WorkerService(settings, SPEC, engine, "w-test")
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    server = _Server(uvicorn.Config(create_app(service), log_level="warning", lifespan="off"))
+
+    async def main() -> None:
+        if redis_url:
+            service.store = FleetStore(connect(redis_url), "http-test")
+        await engine.start(lambda _m: None)
+        service.set_status(WorkerStatus.READY)
+        await server.serve(sockets=[sock])
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "in-process worker did not start"
+        time.sleep(0.02)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", service, engine, loop)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server) -> Iterator[Running]:
+    settings = WorkerSettings(
+        _cli_parse_args=[], token=TOKEN, max_body_bytes=200_000, max_audio_seconds=2.0
+    )
+    yield from serve_in_thread(settings, redis_server.url)
+
+
+@pytest.fixture
+def http(worker: Running) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=worker.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def sdk(worker: Running) -> openai.OpenAI:
+    return openai.OpenAI(base_url=worker.url + "/v1", api_key=TOKEN, max_retries=0, timeout=10)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    assert body["error"]["type"]
+    return body["error"]
+
+
+def test_chat_via_sdk(sdk: openai.OpenAI) -> None:
+    out = sdk.chat.completions.create(
+        model="fake-omni", messages=[{"role": "user", "content": "hello there"}]
+    )
+    assert out.choices[0].message.content == "echo hello there"
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage is not None and out.usage.completion_tokens == 3
+
+
+def test_chat_stream_via_sdk(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model="fake-omni",
+        messages=[{"role": "user", "content": "a b c"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "echo a b c"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_chat_audio_out_and_in(sdk: openai.OpenAI) -> None:
+    clip = base64.b64encode(wav_bytes(0.5)).decode()
+    out = sdk.chat.completions.create(
+        model="fake-omni",
+        modalities=["text", "audio"],
+        audio={"voice": "tiny", "format": "wav"},
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+                ],
+            }
+        ],
+    )
+    message = out.choices[0].message
+    assert message.content == "echo hi +8000 samples"
+    assert message.audio is not None and message.audio.transcript == message.content
+    pcm, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="int16")
+    assert rate == 24_000 and pcm.size == 3 * 2400
+
+
+def test_speech_whole_and_streamed(sdk: openai.OpenAI, http: httpx.Client) -> None:
+    whole = sdk.audio.speech.create(
+        model="fake-omni", input="say this", voice="tiny", response_format="wav"
+    ).content
+    assert whole[:4] == b"RIFF" and len(whole) == 44 + 3 * 2400 * 2
+    with http.stream(
+        "POST",
+        "/v1/audio/speech",
+        json={"model": "fake-omni", "input": "say this", "voice": "tiny", "stream": True,
+              "response_format": "pcm"},
+    ) as response:  # fmt: skip
+        assert response.headers.get("transfer-encoding") == "chunked"
+        pieces = list(response.iter_bytes())
+    assert b"".join(pieces) == whole[44:]
+
+
+def test_transcription_via_sdk(sdk: openai.OpenAI) -> None:
+    out = sdk.audio.transcriptions.create(
+        model="fake-omni", file=("a.wav", wav_bytes(1.25), "audio/wav")
+    )
+    assert out.text == "heard 1.25 seconds"
+
+
+def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
+    chat = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "x"}]
+    headers = {"content-type": "application/json"}
+    assert_error(http.post(chat, content=b"{not json", headers=headers), 400, "invalid_json")
+    err = assert_error(http.post(chat, json={"model": "fake-omni", "messages": "x"}), 400,
+                       "invalid_request")  # fmt: skip
+    assert err["param"] == "messages"
+    assert_error(http.post(chat, json={"model": "fake-omni", "messages": msgs, "max_tokens": "a"}),
+                 400, "invalid_request")  # fmt: skip
+    assert_error(http.post(chat, json={"model": "nope", "messages": msgs}), 404, "model_not_found")
+    assert_error(http.post(chat, content=b"hi", headers={"content-type": "text/plain"}), 415,
+                 "unsupported_media_type")  # fmt: skip
+    ghost = {"model": "fake-omni", "messages": msgs, "modalities": ["text", "audio"],
+             "audio": {"voice": "ghost"}}  # fmt: skip
+    assert_error(http.post(chat, json=ghost), 404, "voice_not_found")
+    garbage = base64.b64encode(b"RIFF....garbage").decode()
+    part = {"type": "input_audio", "input_audio": {"data": garbage, "format": "wav"}}
+    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
+                 "content": [part]}]}), 400, "invalid_audio")  # fmt: skip
+    long = base64.b64encode(wav_bytes(3.0)).decode()
+    part = {"type": "input_audio", "input_audio": {"data": long, "format": "wav"}}
+    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
+                 "content": [part]}]}), 400, "audio_too_long")  # fmt: skip
+    # a declared oversize body is refused before it is read; a chunked one while it arrives
+    assert_error(http.post(chat, content=b"x" * 300_000, headers=headers), 413, "body_too_large")
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b" " * 10_000
+
+    assert_error(http.post(chat, content=chunks(), headers=headers), 413, "body_too_large")
+    speech = "/v1/audio/speech"
+    assert_error(http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "ghost"}),
+                 404, "voice_not_found")  # fmt: skip
+    assert_error(http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "tiny",
+                 "response_format": "mp3"}), 400, "invalid_request")  # fmt: skip
+    tr = "/v1/audio/transcriptions"
+    model = {"model": "fake-omni"}
+    assert_error(http.post(tr, files={"file": ("a.wav", b"not audio")}, data=model), 400,
+                 "invalid_audio")  # fmt: skip
+    assert_error(http.post(tr, data={"model": "fake-omni"}, files={"x": ("a", b"1")}), 400,
+                 "invalid_request")  # fmt: skip
+    assert_error(http.post(tr, json={"model": "fake-omni"}), 415, "unsupported_media_type")
+    assert_error(http.get("/v1/nothing"), 404, "not_found")
+    assert_error(http.put("/v1/chat/completions"), 405, "method_not_allowed")
+    # the stage failure of one request does not stop the worker serving the next
+    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
+                 "content": "FAIL"}]}), 503, "stage_failed")  # fmt: skip
+    ok = http.post(chat, json={"model": "fake-omni", "messages": msgs})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "echo x"
+    metrics = http.get("/metrics").text
+    assert 'omni_worker_errors_total{code="invalid_json"} 1.0' in metrics
+    assert 'omni_worker_errors_total{code="body_too_large"} 2.0' in metrics
+
+
+def test_token_auth(worker: Running) -> None:
+    with httpx.Client(base_url=worker.url, timeout=10) as anon:
+        for path in ("/health", "/ready", "/metrics"):
+            assert anon.get(path).status_code == 200, path
+        assert_error(anon.get("/v1/models"), 401, "invalid_api_key")
+        assert_error(anon.get("/load", headers={"Authorization": "Bearer wrong"}), 401,
+                     "invalid_api_key")  # fmt: skip
+        ok = anon.get("/v1/models", headers={"x-omni-worker-token": TOKEN})
+        assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "fake-omni"
+    bad = openai.OpenAI(base_url=worker.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_voices_stored_in_redis(worker: Running, http: httpx.Client, redis_server) -> None:
+    up = http.post(
+        "/v1/audio/voices", data={"name": "me"}, files={"file": ("v.wav", wav_bytes(0.5))}
+    )
+    assert up.status_code == 200, up.text
+    names = {v["name"]: v["builtin"] for v in http.get("/v1/audio/voices").json()["data"]}
+    assert names == {"tiny": True, "alloy": True, "me": False}
+    # another worker on the same Redis and fleet serves it
+    other_settings = WorkerSettings(_cli_parse_args=[])
+    for other in serve_in_thread(other_settings, redis_server.url):
+        r = httpx.post(other.url + "/v1/audio/speech", timeout=10,
+                       json={"model": "fake-omni", "input": "x", "voice": "me"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert other.engine.seen[-1].voice_audio is not None
+        assert other.engine.seen[-1].voice_audio.size == 8000
+    assert_error(http.post("/v1/audio/voices", data={"name": "bad"},
+                           files={"file": ("v.wav", b"nope")}), 400, "invalid_audio")  # fmt: skip
+    short = {"file": ("v.wav", wav_bytes(0.1))}
+    assert_error(http.post("/v1/audio/voices", data={"name": "../x"}, files=short), 400,
+                 "invalid_request")  # fmt: skip
+    assert http.delete("/v1/audio/voices/me").json()["deleted"] is True
+    assert_error(http.delete("/v1/audio/voices/me"), 404, "voice_not_found")
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_abort_on_disconnect(worker: Running, stream: bool) -> None:
+    worker.call(worker.engine.hold.clear)
+    try:
+        body = {"model": "fake-omni", "stream": stream,
+                "messages": [{"role": "user", "content": "HOLD please"}]}  # fmt: skip
+        before = len(worker.engine.aborted)
+        sock = socket.create_connection(("127.0.0.1", int(worker.url.rsplit(":", 1)[1])))
+        data = httpx.Request("POST", worker.url + "/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in data.headers.items() if k.lower() != "host"
+        )
+        sock.sendall(head.encode() + b"\r\n" + data.read())
+        wait_for(lambda: worker.service.in_flight == 1 and len(worker.engine.running) == 1)
+        sock.close()
+        wait_for(lambda: worker.service.in_flight == 0 and not worker.engine.running)
+        assert len(worker.engine.aborted) == before + 1
+        load = httpx.get(worker.url + "/load", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        assert load["in_flight"] == 0 and load["queue_depth"] == {"thinker": 0}
+    finally:
+        worker.call(worker.engine.hold.set)
+
+
+def test_draining_refuses_new_requests(worker: Running, http: httpx.Client) -> None:
+    worker.service.set_status(WorkerStatus.DRAINING)
+    try:
+        assert_error(http.get("/ready"), 503, "draining")
+        assert_error(http.post("/v1/chat/completions", json={"model": "fake-omni", "messages":
+                     [{"role": "user", "content": "x"}]}), 503, "draining")  # fmt: skip
+    finally:
+        worker.service.set_status(WorkerStatus.READY)
+    assert http.get("/ready").status_code == 200

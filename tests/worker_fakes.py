@@ -1,0 +1,105 @@
+"""A small deterministic Engine for testing the worker's HTTP layer in-process, before and
+beside the real pipeline. Test-only: the daemon never uses it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from worker.engine import (
+    AUDIO_INPUT_RATE,
+    AudioChunk,
+    EngineStatus,
+    Event,
+    Finished,
+    GenerationRequest,
+    ProgressCallback,
+    RequestKind,
+    StageFailed,
+    StageLoad,
+    TextDelta,
+)
+
+CHUNK_SAMPLES = 2400  # 0.1 s at 24 kHz
+
+
+class FakeEngine:
+    def __init__(self, *, step_s: float = 0.005) -> None:
+        self.step_s = step_s
+        self.ready = False
+        self.healthy = True
+        self.running: dict[str, GenerationRequest] = {}
+        self.aborted: list[str] = []
+        self.seen: list[GenerationRequest] = []
+        self.hold = asyncio.Event()  # cleared: requests with "HOLD" in their text wait on it
+        self.hold.set()
+
+    async def start(self, progress: ProgressCallback) -> None:
+        progress("fake: loading")
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+
+    def speakers(self) -> list[str]:
+        return ["tiny", "alloy"]
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            ready=self.ready,
+            healthy=self.healthy,
+            stages={"thinker": StageLoad(queue_depth=len(self.running), busy=0.0)},
+        )
+
+    @staticmethod
+    def reply_text(request: GenerationRequest) -> str:
+        if request.kind == RequestKind.TRANSCRIPTION:
+            assert request.audio is not None
+            return f"heard {request.audio.size / AUDIO_INPUT_RATE:.2f} seconds"
+        if request.kind == RequestKind.SPEECH:
+            return request.text
+        last = request.messages[-1]["content"] if request.messages else ""
+        extra = f" +{request.audio.size} samples" if request.audio is not None else ""
+        return f"echo {last}{extra}"
+
+    @staticmethod
+    def pcm_for(text: str, voice: str | None, chunk: int) -> bytes:
+        seed = hashlib.sha256(f"{text}|{voice}|{chunk}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(seed[:8], "little"))
+        samples = (rng.standard_normal(CHUNK_SAMPLES) * 3000).astype("<i2")
+        return samples.tobytes()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        self.seen.append(request)
+        self.running[request.request_id] = request
+        finished = False
+        try:
+            text = self.reply_text(request)
+            if "FAIL" in text:
+                raise StageFailed("fake stage 'thinker' died")
+            if "HOLD" in text:
+                await self.hold.wait()
+            words = text.split(" ")
+            if request.max_tokens is not None:
+                words = words[: request.max_tokens]
+            for i, word in enumerate(words):
+                await asyncio.sleep(self.step_s)
+                if request.kind != RequestKind.SPEECH:
+                    yield TextDelta(word if i == 0 else " " + word)
+            if request.output_audio:
+                voice = request.voice
+                if request.voice_audio is not None:
+                    voice += struct.pack("<f", float(request.voice_audio.sum())).hex()
+                for chunk in range(3):
+                    await asyncio.sleep(self.step_s)
+                    yield AudioChunk(self.pcm_for(text, voice, chunk))
+            yield Finished("stop", prompt_tokens=len(text), completion_tokens=len(words))
+            finished = True
+        finally:
+            self.running.pop(request.request_id, None)
+            if not finished:
+                self.aborted.append(request.request_id)

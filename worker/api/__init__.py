@@ -1,0 +1,1 @@
+"""The worker's OpenAI-compatible HTTP API (FastAPI on uvicorn)."""

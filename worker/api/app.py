@@ -1,0 +1,31 @@
+"""The FastAPI application of one worker."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from worker.api import chat, errors, speech, system, transcription, voices
+from worker.api.gate import Gate
+from worker.service import WorkerService
+
+
+def create_app(service: WorkerService) -> FastAPI:
+    app = FastAPI(
+        title="omni-worker",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.service = service
+    errors.install(app)
+    for module in (system, chat, speech, transcription, voices):
+        app.include_router(module.router)
+    token = service.settings.token.get_secret_value() if service.settings.token else None
+    app.add_middleware(
+        Gate,
+        token=token,
+        max_body_bytes=service.settings.max_body_bytes,
+        metrics=service.metrics,
+    )
+    return app

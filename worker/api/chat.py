@@ -1,0 +1,226 @@
+"""POST /v1/chat/completions: text and input_audio in; text, or text + audio, out; SSE when
+``stream`` is set, with audio chunks as ``delta.audio`` as soon as the vocoder produces them."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from fleet.errors import ErrorCode, OmniError, error_body
+from fleet.records import Endpoint, Modality
+from worker.api import audio
+from worker.api.common import (
+    TrackedStream,
+    closed_response,
+    new_id,
+    read_json,
+    service_of,
+    session_of,
+    until_disconnect,
+)
+from worker.api.generation import collect, events
+from worker.api.schemas import AudioPart, ChatRequest, TextPart
+from worker.api.voices import resolve_voice
+from worker.engine import (
+    AUDIO_INPUT_RATE,
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    StageFailed,
+    TextDelta,
+)
+from worker.service import Ticket, WorkerService
+
+router = APIRouter()
+
+AUDIO_TTL_S = 3600  # expires_at of returned audio; nothing is stored, the field is for SDKs
+
+
+def _bad(message: str, param: str) -> OmniError:
+    return OmniError(400, ErrorCode.INVALID_REQUEST, message, param)
+
+
+def _messages(service: WorkerService, body: ChatRequest) -> tuple[list[dict], np.ndarray | None]:
+    """Plain-text messages for the engine, and every input_audio part decoded and joined."""
+    messages: list[dict] = []
+    clips: list[np.ndarray] = []
+    total_seconds = 0.0
+    for i, message in enumerate(body.messages):
+        if isinstance(message.content, str) or message.content is None:
+            messages.append({"role": message.role, "content": message.content or ""})
+            continue
+        texts: list[str] = []
+        for j, part in enumerate(message.content):
+            param = f"messages.{i}.content.{j}"
+            if isinstance(part, TextPart):
+                texts.append(part.text)
+            elif isinstance(part, AudioPart):
+                if Modality.AUDIO not in service.capabilities.input_modalities:
+                    raise _bad(f"model {body.model!r} takes no audio input", param)
+                raw = audio.b64decode(part.input_audio.data, param)
+                left = service.settings.max_audio_seconds - total_seconds
+                clip = audio.decode_audio(raw, max_seconds=max(left, 0.0), param=param)
+                total_seconds += clip.size / AUDIO_INPUT_RATE
+                clips.append(clip)
+        messages.append({"role": message.role, "content": "".join(texts)})
+    joined = np.concatenate(clips).astype(np.float32) if clips else None
+    return messages, joined
+
+
+def _sse(data: dict | str) -> bytes:
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return b"data: " + payload + b"\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    service = service_of(request)
+    body = await read_json(request, ChatRequest)
+    model = service.check_model(body.model)
+    if Endpoint.CHAT not in service.capabilities.endpoints:
+        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve chat")
+    want_audio = "audio" in (body.modalities or ["text"])
+    if want_audio:
+        if Modality.AUDIO not in service.capabilities.output_modalities:
+            raise _bad(f"model {model!r} does not produce audio", "modalities")
+        if body.audio is None:
+            raise _bad(
+                "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
+            )
+    ticket = service.admit(session_of(request, body.user))
+    try:
+        messages, clip = _messages(service, body)
+        voice, voice_audio = (None, None)
+        if want_audio:
+            assert body.audio is not None
+            voice, voice_audio = await resolve_voice(service, body.audio.voice, "audio.voice")
+        gen = GenerationRequest(
+            request_id=new_id("chatcmpl"),
+            kind=RequestKind.CHAT,
+            messages=messages,
+            audio=clip,
+            output_audio=want_audio,
+            voice=voice,
+            voice_audio=voice_audio,
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            session_id=session_of(request, body.user),
+        )
+    except BaseException:
+        ticket.release()
+        raise
+    if body.stream:
+        return TrackedStream(
+            _stream(service, body, gen, ticket),
+            ticket,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        result = await until_disconnect(request, collect(service, gen, ticket))
+    finally:
+        ticket.release()
+    if result is None:
+        return closed_response()
+    text = "".join(result.text)
+    message: dict = {"role": "assistant", "content": text, "refusal": None}
+    if want_audio:
+        assert body.audio is not None
+        fmt = "wav" if body.audio.format == "wav" else "pcm"
+        message["audio"] = {
+            "id": new_id("audio"),
+            "data": base64.b64encode(audio.encode(bytes(result.pcm16), fmt)).decode(),
+            "expires_at": int(time.time()) + AUDIO_TTL_S,
+            "transcript": text,
+        }
+    finished = result.finished or Finished("stop")
+    return Response(
+        orjson.dumps(
+            {
+                "id": gen.request_id,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {"index": 0, "message": message, "finish_reason": result.finish_reason}
+                ],
+                "usage": _usage(finished),
+            }
+        ),
+        media_type="application/json",
+    )
+
+
+def _usage(finished: Finished) -> dict:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
+
+
+async def _stream(
+    service: WorkerService, body: ChatRequest, gen: GenerationRequest, ticket: Ticket
+):
+    created = int(time.time())
+    audio_id = new_id("audio")
+    expires = created + AUDIO_TTL_S
+    done = False
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+        return _sse(
+            {
+                "id": gen.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": body.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+        )
+
+    finished = Finished("stop")
+    transcript: list[str] = []
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async with events(service, gen) as stream:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    ticket.text()
+                    transcript.append(event.text)
+                    yield chunk({"content": event.text})
+                elif isinstance(event, AudioChunk):
+                    ticket.audio()
+                    service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
+                    data = base64.b64encode(event.pcm16).decode()
+                    yield chunk({"audio": {"id": audio_id, "data": data, "expires_at": expires}})
+                elif isinstance(event, Finished):
+                    finished = event
+        service.metrics.tokens_out.inc(finished.completion_tokens)
+        if gen.output_audio:
+            yield chunk({"audio": {"id": audio_id, "transcript": "".join(transcript)}})
+        yield chunk({}, finished.finish_reason)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield _sse(
+                {
+                    "id": gen.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": body.model,
+                    "choices": [],
+                    "usage": _usage(finished),
+                }
+            )
+        done = True
+    except StageFailed as exc:
+        # The status line is long gone: the SDKs raise on an SSE "error" payload.
+        yield _sse(error_body(503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}"))
+        done = True
+    finally:
+        if not done:
+            service.metrics.aborted.inc()
+    yield _sse("[DONE]")

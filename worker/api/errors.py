@@ -1,0 +1,92 @@
+"""Every error leaves the worker as an OpenAI-style body with a stable ``fleet.errors`` code,
+including the ones FastAPI and Starlette would otherwise answer in their own shapes."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fleet.errors import ErrorCode, OmniError, error_bytes
+from worker.engine import StageFailed
+
+log = logging.getLogger(__name__)
+
+_CODE_BY_STATUS = {
+    400: ErrorCode.INVALID_REQUEST,
+    401: ErrorCode.INVALID_API_KEY,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.BODY_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    422: ErrorCode.INVALID_REQUEST,
+}
+
+
+def error_response(
+    status: int, code: ErrorCode, message: str, param: str | None = None, headers=None
+) -> Response:
+    return Response(
+        error_bytes(status, code, message, param),
+        status_code=status,
+        media_type="application/json",
+        headers={**(headers or {}), "x-omni-error-code": code.value},
+    )
+
+
+def from_omni(exc: OmniError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return error_response(exc.status, exc.code, exc.message, exc.param, headers)
+
+
+def validation_error(errors: list, prefix_skip: int = 0) -> OmniError:
+    """Pydantic's first complaint, with the dotted path of the offending field as ``param``."""
+    if not errors:
+        return OmniError(400, ErrorCode.INVALID_REQUEST, "invalid request")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ())[prefix_skip:]]
+    param = ".".join(loc) or None
+    where = f"{param}: " if param else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return OmniError(400, ErrorCode.INVALID_REQUEST, f"{where}{first.get('msg')}{more}", param)
+
+
+def from_pydantic(exc: ValidationError) -> OmniError:
+    return validation_error(exc.errors(include_url=False))
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(OmniError)
+    async def _omni(_: Request, exc: OmniError) -> Response:
+        return from_omni(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's default is a 422 in its own shape; skip the "body"/"query" location prefix.
+        return from_omni(validation_error(list(exc.errors()), prefix_skip=1))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(_: Request, exc: ValidationError) -> Response:
+        return from_omni(from_pydantic(exc))
+
+    @app.exception_handler(StageFailed)
+    async def _stage(_: Request, exc: StageFailed) -> Response:
+        return error_response(503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        code = _CODE_BY_STATUS.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+        if exc.status_code >= 500:
+            code = ErrorCode.INTERNAL_ERROR
+        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return error_response(
+            500, ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"
+        )

@@ -1,0 +1,120 @@
+"""The ASGI layer in front of every route: shared-token auth, the body size limit (enforced
+while the body arrives, never after reading it whole) and per-route request metrics."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fleet.errors import ErrorCode, OmniError, error_bytes
+from worker.metrics import Route, WorkerMetrics, status_class
+
+OPEN_PATHS = frozenset({"/health", "/live", "/ready", "/metrics"})
+TOKEN_HEADER = b"x-omni-worker-token"
+ERROR_HEADER = b"x-omni-error-code"  # set by worker.api.errors on every error response
+
+_ROUTES = (
+    ("/v1/chat/", Route.CHAT),
+    ("/v1/audio/speech", Route.SPEECH),
+    ("/v1/audio/transcriptions", Route.TRANSCRIPTION),
+    ("/v1/audio/voices", Route.VOICES),
+    ("/v1/models", Route.MODELS),
+)
+
+
+def route_of(path: str) -> Route:
+    for prefix, route in _ROUTES:
+        if path.startswith(prefix):
+            return route
+    return Route.OTHER
+
+
+def body_too_large(limit: int) -> OmniError:
+    return OmniError(
+        413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds this worker's limit of {limit} bytes"
+    )
+
+
+class Gate:
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: WorkerMetrics
+    ) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+        self.limit = max_body_bytes
+        self.metrics = metrics
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        assert self.token is not None
+        given = headers.get(TOKEN_HEADER)
+        auth = headers.get(b"authorization", b"")
+        if given is None and auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        return given is not None and hmac.compare_digest(given, self.token)
+
+    def _count_error(self, code: str) -> None:
+        if code in self.metrics.error_codes:  # the label vocabulary stays fixed
+            self.metrics.errors.labels(code).inc()
+
+    async def _refuse(self, send: Send, exc: OmniError) -> None:
+        body = error_bytes(exc.status, exc.code, exc.message, exc.param)
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        if exc.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        route = route_of(path)
+        started = time.monotonic()
+        status_seen = 0
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status_seen
+            if message["type"] == "http.response.start":
+                status_seen = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == ERROR_HEADER:
+                        self._count_error(value.decode())
+            await send(message)
+
+        try:
+            headers = dict(scope["headers"])
+            refusal: OmniError | None = None
+            if self.token is not None and path not in OPEN_PATHS and not self._authorised(headers):
+                refusal = OmniError(
+                    401,
+                    ErrorCode.INVALID_API_KEY,
+                    "missing or wrong worker token (Authorization: Bearer or x-omni-worker-token)",
+                )
+            else:
+                declared = headers.get(b"content-length")
+                if declared is not None and declared.isdigit() and int(declared) > self.limit:
+                    refusal = body_too_large(self.limit)
+            if refusal is not None:
+                self._count_error(refusal.code.value)
+                await self._refuse(send_counted, refusal)
+                return
+
+            received = 0
+
+            async def receive_limited() -> Message:
+                nonlocal received
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > self.limit:
+                        raise body_too_large(self.limit)
+                return message
+
+            await self.app(scope, receive_limited, send_counted)
+        finally:
+            if status_seen:
+                self.metrics.requests.labels(route.value, status_class(status_seen)).inc()
+                self.metrics.duration.labels(route.value).observe(time.monotonic() - started)

@@ -1,0 +1,59 @@
+"""Consuming ``Engine.generate``: the iterator is always closed on exit, so a cancelled
+consumer (client disconnect) aborts the request in every stage."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from worker.engine import (
+    AUDIO_OUTPUT_RATE,
+    AudioChunk,
+    Event,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+)
+from worker.service import Ticket, WorkerService
+
+
+@contextlib.asynccontextmanager
+async def events(
+    service: WorkerService, request: GenerationRequest
+) -> AsyncIterator[AsyncIterator[Event]]:
+    stream = service.engine.generate(request)
+    try:
+        yield stream
+    finally:
+        closer = getattr(stream, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+@dataclass
+class Collected:
+    text: list[str] = field(default_factory=list)
+    pcm16: bytearray = field(default_factory=bytearray)
+    finished: Finished | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return self.finished.finish_reason if self.finished else "stop"
+
+
+async def collect(service: WorkerService, request: GenerationRequest, ticket: Ticket) -> Collected:
+    out = Collected()
+    async with events(service, request) as stream:
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                ticket.text()
+                out.text.append(event.text)
+            elif isinstance(event, AudioChunk):
+                ticket.audio()
+                out.pcm16 += event.pcm16
+            elif isinstance(event, Finished):
+                out.finished = event
+    service.metrics.tokens_out.inc(out.finished.completion_tokens if out.finished else 0)
+    service.metrics.audio_out.inc(len(out.pcm16) / 2 / AUDIO_OUTPUT_RATE)
+    return out

@@ -1,0 +1,89 @@
+"""Request bodies of the OpenAI-compatible endpoints. Unknown fields are refused (a typo such
+as ``modality`` must not be silently ignored); OpenAI sampling fields are accepted, and
+documented as having no effect because decoding is greedy."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Sampling(Body):
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+
+class InputAudio(Body):
+    data: str = Field(min_length=1, description="base64 audio file")
+    format: Literal["wav", "mp3", "flac", "ogg"] = "wav"
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class AudioPart(Body):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class Message(Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart | AudioPart] | None = None
+    name: str | None = None
+    audio: dict[str, Any] | None = None  # a previous assistant turn's audio reference
+    refusal: str | None = None
+
+
+class AudioOutput(Body):
+    voice: str = Field(min_length=1)
+    format: Literal["wav", "pcm16", "pcm"] = "wav"
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class ChatRequest(_Sampling):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: Literal[1] | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logprobs: Literal[False] | None = None
+
+
+class SpeechRequest(Body):
+    model: str
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = Field(min_length=1)
+    response_format: Literal["wav", "pcm"] = "wav"
+    speed: float = Field(1.0, ge=1.0, le=1.0, description="only 1.0 is supported")
+    instructions: str | None = None
+    stream_format: Literal["audio", "sse"] | None = None
+    stream: bool = False
+
+
+class TranscriptionForm(Body):
+    model: str
+    language: str | None = None
+    prompt: str | None = None
+    response_format: Literal["json", "text", "verbose_json"] = "json"
+    temperature: float | None = Field(None, ge=0, le=1)

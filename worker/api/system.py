@@ -1,0 +1,69 @@
+"""Discovery and health: /v1/models, /health (alive), /ready (serving), /load, /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from fleet.errors import ErrorCode
+from worker.api.common import service_of
+from worker.api.errors import error_response
+
+router = APIRouter()
+
+
+def _model(service, name: str) -> dict:
+    return {"id": name, "object": "model", "created": service.created, "owned_by": "omni-fleet"}
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    service = service_of(request)
+    return {"object": "list", "data": [_model(service, m) for m in service.spec.served_models]}
+
+
+@router.get("/v1/models/{name:path}")
+async def model(name: str, request: Request) -> dict:
+    service = service_of(request)
+    service.check_model(name)
+    return _model(service, name)
+
+
+@router.get("/health")
+@router.get("/live")
+async def health(request: Request) -> dict:
+    service = service_of(request)
+    engine = service.engine.status()
+    return {
+        "status": "alive",
+        "worker_id": service.worker_id,
+        "worker_status": service.status.value,
+        "engine": {"ready": engine.ready, "healthy": engine.healthy, "detail": engine.detail},
+    }
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    service = service_of(request)
+    if service.serving:
+        return Response(b'{"status":"ready"}', media_type="application/json")
+    engine = service.engine.status()
+    code = (
+        ErrorCode.DRAINING if service.status.value == "draining" else ErrorCode.WORKER_UNAVAILABLE
+    )
+    detail = engine.detail if service.status.value == "ready" else service.detail
+    return error_response(503, code, f"not ready: {service.status.value} ({detail})")
+
+
+@router.get("/load")
+async def load(request: Request) -> Response:
+    return Response(
+        service_of(request).load_report().model_dump_json(), media_type="application/json"
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    service = service_of(request)
+    service.load_report()  # refreshes the per-stage gauges
+    return Response(service.metrics.render(), media_type=service.metrics.content_type)

@@ -1,0 +1,322 @@
+"""The life of one worker: detect GPUs, plan (the same planner and plan object as
+``omni-plan``), register as ``starting``, start the engine with visible progress, serve,
+mark ``ready``; on SIGTERM mark ``draining`` at once, finish in-flight work up to the
+deadline, deregister, stop the engine and exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from fleet.records import WorkerRecord, WorkerStatus
+from fleet.settings import redacted_url
+from fleet.store import FleetStore, connect
+from planner.plan import LaunchPlan, NodePlan
+from planner.spec import ModelSpec
+from worker import gpus as gpu_detection
+from worker.api.app import create_app
+from worker.engine import Engine
+from worker.metrics import WorkerMetrics
+from worker.registration import Registrar
+from worker.service import WorkerService, capabilities_of
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("omni-worker")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_SPEC = 2  # the spec or an override is wrong
+EXIT_DOES_NOT_FIT = 3  # the planner says the model does not fit this node
+
+
+class StartupError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Planned:
+    spec: ModelSpec
+    spec_path: Path
+    plan: LaunchPlan
+    node_plan: NodePlan
+
+
+def node_gpus(settings: WorkerSettings) -> list[tuple[str, int]]:
+    if settings.gpus is not None:
+        found = gpu_detection.parse_override(settings.gpus, _catalog_bytes)
+        log.info("GPUs from --gpus: %s", _describe(found))
+        return found
+    found, method = gpu_detection.detect()
+    log.info("GPUs detected (%s): %s", method, _describe(found))
+    return found
+
+
+def _describe(found: list[tuple[str, int]]) -> str:
+    if not found:
+        return "none, CPU only"
+    return ", ".join(
+        f"{i}: {name} {total / 2**30:.1f} GiB" for i, (name, total) in enumerate(found)
+    )
+
+
+def _catalog_bytes(name: str) -> int | None:
+    """Memory of a GPU model by catalog name, for ``--gpus NAME`` without a size."""
+    try:
+        from planner import catalog  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    lookup = getattr(catalog, "memory_bytes", None)
+    return lookup(name) if lookup is not None else None
+
+
+def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
+    """Run the planner exactly as ``omni-plan`` does, on this node's GPUs."""
+    from planner.api import plan_spec
+    from planner.inventory import Inventory
+
+    spec_path = settings.resolved_spec()
+    if not spec_path.exists():
+        raise StartupError(f"spec not found: {spec_path}", EXIT_BAD_SPEC)
+    inventory = Inventory.from_devices(settings.node, node_gpus(settings))
+    try:
+        result = plan_spec(
+            spec_path,
+            inventory=inventory,
+            overrides=tuple(settings.overrides) + tuple(overrides),
+            override_file=settings.override_file,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        raise StartupError(f"{spec_path}: {exc}", EXIT_BAD_SPEC) from exc
+    plan = result.plan
+    if not plan.fits:
+        lines = [f"{spec_path.name} does not fit this node ({settings.node}):"]
+        for error in plan.errors:
+            lines.append(f"  {error.message}")
+            lines.extend(f"    fix: {fix}" for fix in error.fixes)
+        raise StartupError("\n".join(lines), EXIT_DOES_NOT_FIT)
+    node_plan = next((n for n in plan.nodes if n.node == settings.node), None)
+    if node_plan is None:
+        if len(plan.nodes) != 1:
+            raise StartupError(f"plan has no node {settings.node!r}", EXIT_FAILED)
+        node_plan = plan.nodes[0]
+    log.info(
+        "plan %s: %d replica(s), %d process(es): %s",
+        plan.digest(),
+        len(node_plan.replicas),
+        len(node_plan.processes),
+        ", ".join(f"{p.name}[{'+'.join(s.stage for s in p.stages)}]@{p.device}"
+                  for p in node_plan.processes),
+    )  # fmt: skip
+    return Planned(result.spec, spec_path, plan, node_plan)
+
+
+def make_engine(settings: WorkerSettings, planned: Planned) -> Engine:
+    from worker.runtime.engine import PipelineEngine
+
+    return PipelineEngine(planned.spec, planned.spec_path, planned.node_plan, settings.cache_dir)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: SIGTERM means drain, which the daemon does."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    def __init__(self, settings: WorkerSettings, planned: Planned, engine: Engine) -> None:
+        self.settings = settings
+        self.planned = planned
+        self.engine = engine
+        self._stop = asyncio.Event()
+        self.signals = 0
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("%s: draining (deadline %.1fs)", sig.name, self.settings.drain_timeout)
+            self._stop.set()
+        else:
+            log.warning("%s again: stopping without waiting for in-flight requests", sig.name)
+            self.settings.drain_timeout = 0
+
+    async def serve(self) -> int:
+        settings, planned = self.settings, self.planned
+        sock = bind(settings.host, settings.port)
+        port = sock.getsockname()[1]
+        worker_id = settings.resolved_worker_id(port)
+        url = settings.resolved_url(port)
+        service = WorkerService(
+            settings, planned.spec, self.engine, worker_id, WorkerMetrics(planned.spec.stages)
+        )
+        store: FleetStore | None = None
+        registrar: Registrar | None = None
+        if settings.redis_url is not None:
+            redis_url = settings.redis_url.get_secret_value()
+            store = FleetStore(connect(redis_url), settings.fleet)
+            service.store = store
+            record = WorkerRecord(
+                id=worker_id,
+                url=url,
+                node=settings.node,
+                model=planned.spec.name,
+                served_models=planned.spec.served_models,
+                capabilities=capabilities_of(planned.spec),
+                capacity=settings.capacity,
+                status=WorkerStatus.STARTING,
+                plan_digest=planned.plan.digest(),
+                plan=planned.plan.model_dump(mode="json"),
+            )
+            registrar = Registrar(
+                store,
+                record,
+                service,
+                heartbeat_interval=settings.heartbeat_interval,
+                ttl=settings.heartbeat_ttl,
+                load_interval=settings.load_interval,
+            )
+            log.info("fleet %r on %s as %s", settings.fleet, redacted_url(redis_url), worker_id)
+            await registrar.set_status(WorkerStatus.STARTING, "loading")
+            registrar.start()
+        else:
+            log.info("no --redis-url: serving standalone, not registered in a fleet")
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        server = _Server(
+            uvicorn.Config(
+                create_app(service),
+                log_level=settings.log_level.lower(),
+                access_log=False,
+                lifespan="off",
+                timeout_keep_alive=5,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+        log.info("HTTP API on %s (advertised %s); /ready answers 503 until the pipeline is up",
+                 f"{settings.host}:{port}", url)  # fmt: skip
+
+        exit_code = EXIT_OK
+        try:
+            exit_code = await self._start_and_run(service, registrar)
+        finally:
+            if registrar is not None:
+                await registrar.deregister()
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server_task, timeout=10)
+            log.info("stopping the pipeline")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.engine.stop(), timeout=30)
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    await store.close()
+            log.info("bye (exit %d)", exit_code)
+        return exit_code
+
+    async def _start_and_run(self, service: WorkerService, registrar: Registrar | None) -> int:
+        started = time.monotonic()
+
+        def progress(message: str) -> None:
+            service.detail = message
+            log.info("[start-up %5.1fs] %s", time.monotonic() - started, message)
+
+        start = asyncio.create_task(self.engine.start(progress), name="engine-start")
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():
+            log.info("stopped during start-up")
+            start.cancel()
+            with contextlib.suppress(BaseException):
+                await start
+            return EXIT_OK
+        stop.cancel()
+        if start.exception() is not None:
+            log.error("pipeline failed to start: %s", start.exception())
+            return EXIT_FAILED
+        service.set_status(WorkerStatus.READY)
+        if registrar is not None:
+            await registrar.set_status(WorkerStatus.READY)
+        log.info("ready in %.1fs: serving %s", time.monotonic() - started,
+                 ", ".join(service.spec.served_models))  # fmt: skip
+
+        watch = asyncio.create_task(self._watch_health(service, registrar), name="health")
+        await self._stop.wait()
+        watch.cancel()
+        await self._drain(service, registrar)
+        return EXIT_OK
+
+    async def _watch_health(self, service: WorkerService, registrar: Registrar | None) -> None:
+        """A dead stage process makes the engine unhealthy until its group restarted; the
+        fleet hears of it both ways."""
+        while True:
+            await asyncio.sleep(min(0.1, self.settings.load_interval))
+            engine = self.engine.status()
+            ok = engine.ready and engine.healthy
+            new: WorkerStatus | None = None
+            if service.status == WorkerStatus.READY and not ok:
+                new = WorkerStatus.UNHEALTHY
+                log.warning("pipeline unhealthy: %s", engine.detail or "a stage failed")
+            elif service.status == WorkerStatus.UNHEALTHY and ok:
+                new = WorkerStatus.READY
+                log.info("pipeline recovered")
+            if new is not None:
+                service.set_status(new, engine.detail)
+                if registrar is not None:
+                    await registrar.set_status(new, engine.detail)
+
+    async def _drain(self, service: WorkerService, registrar: Registrar | None) -> None:
+        service.set_status(WorkerStatus.DRAINING, "draining")
+        if registrar is not None:
+            await registrar.set_status(WorkerStatus.DRAINING, "SIGTERM")
+        deadline = time.monotonic() + self.settings.drain_timeout
+        if service.in_flight:
+            log.info("draining: %d request(s) in flight", service.in_flight)
+        while service.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if service.in_flight:
+            log.warning("drain deadline passed with %d request(s) in flight", service.in_flight)
+        else:
+            log.info("drained")
+
+
+def run(settings: WorkerSettings, overrides: list[str]) -> int:
+    """Plan, then serve until SIGTERM. Returns the process exit code."""
+    try:
+        planned = plan_node(settings, overrides)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return exc.exit_code
+    engine = make_engine(settings, planned)
+    daemon = Daemon(settings, planned, engine)
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(daemon.serve())
+    except ImportError:
+        return asyncio.run(daemon.serve())

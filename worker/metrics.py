@@ -1,0 +1,106 @@
+"""Prometheus metrics of one worker. Every label takes values from a fixed vocabulary
+(endpoints, status classes, error codes, the spec's stage names), so cardinality is bounded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from fleet.errors import ErrorCode
+from fleet.records import WorkerStatus
+
+
+class Route(StrEnum):
+    CHAT = "chat"
+    SPEECH = "speech"
+    TRANSCRIPTION = "transcription"
+    VOICES = "voices"
+    MODELS = "models"
+    OTHER = "other"
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class WorkerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, stages: Iterable[str]) -> None:
+        self.registry = CollectorRegistry()
+        self.stages = list(stages)
+        r = self.registry
+        self.requests = Counter(
+            "omni_worker_requests", "HTTP requests by route and status class",
+            ["route", "status"], registry=r,
+        )  # fmt: skip
+        self.errors = Counter(
+            "omni_worker_errors", "error responses by stable code", ["code"], registry=r
+        )
+        self.duration = Histogram(
+            "omni_worker_request_seconds", "request duration, to the last byte",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "omni_worker_first_token_seconds", "time to first text token",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttfa = Histogram(
+            "omni_worker_first_audio_seconds", "time to first audio chunk",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.in_flight = Gauge("omni_worker_in_flight", "requests being served", registry=r)
+        self.aborted = Counter(
+            "omni_worker_aborted", "requests cancelled by a client disconnect", registry=r
+        )
+        self.audio_out = Counter(
+            "omni_worker_audio_out_seconds", "seconds of audio produced", registry=r
+        )
+        self.tokens_out = Counter(
+            "omni_worker_completion_tokens", "completion tokens produced", registry=r
+        )
+        self.queue_depth = Gauge(
+            "omni_worker_stage_queue_depth", "waiting + running requests per stage",
+            ["stage"], registry=r,
+        )  # fmt: skip
+        self.busy = Gauge(
+            "omni_worker_stage_busy", "busy fraction per stage", ["stage"], registry=r
+        )
+        self.status = Gauge(
+            "omni_worker_status", "1 for the current status", ["status"], registry=r
+        )
+        self.redis_up = Gauge("omni_worker_redis_up", "1 when Redis answers", registry=r)
+        for route in Route:
+            for cls in ("2xx", "4xx", "5xx"):
+                self.requests.labels(route.value, cls)
+        self.error_codes = frozenset(code.value for code in ErrorCode)
+        for code in self.error_codes:
+            self.errors.labels(code)
+        for stage in self.stages:
+            self.queue_depth.labels(stage)
+            self.busy.labels(stage)
+        self.set_status(WorkerStatus.STARTING)
+
+    def set_status(self, status: WorkerStatus) -> None:
+        for s in WorkerStatus:
+            self.status.labels(s.value).set(1.0 if s == status else 0.0)
+
+    def observe_stages(self, queue_depth: dict[str, int], busy: dict[str, float]) -> None:
+        for stage in self.stages:  # only known stages: the vocabulary is the spec's
+            self.queue_depth.labels(stage).set(queue_depth.get(stage, 0))
+            self.busy.labels(stage).set(busy.get(stage, 0.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

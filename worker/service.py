@@ -1,0 +1,217 @@
+"""What the HTTP layer needs from the daemon: the engine, the spec, admission, live counters
+(in-flight, sessions, recent first-token / first-audio latency) and the voice store."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import redis.exceptions
+
+from fleet.errors import ErrorCode, OmniError
+from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
+from fleet.store import FleetStore
+from planner.spec import ModelSpec
+from worker.engine import Engine
+from worker.metrics import WorkerMetrics
+from worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+_LATENCY_WINDOW_S = 30.0
+_LATENCY_SAMPLES = 64
+
+
+def capabilities_of(spec: ModelSpec) -> Capabilities:
+    c = spec.capabilities
+    return Capabilities.model_validate(
+        {
+            "endpoints": c.endpoints,
+            "input_modalities": c.input_modalities,
+            "output_modalities": c.output_modalities,
+            "streaming": True,
+        }
+    )
+
+
+class _Latencies:
+    """Recent samples; the report is the median of what is younger than the window."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=_LATENCY_SAMPLES)
+
+    def add(self, ms: float) -> None:
+        self._samples.append((time.monotonic(), ms))
+
+    def p50(self) -> float | None:
+        cutoff = time.monotonic() - _LATENCY_WINDOW_S
+        recent = [ms for at, ms in self._samples if at >= cutoff]
+        return round(statistics.median(recent), 2) if recent else None
+
+
+@dataclass
+class Ticket:
+    """One admitted request; ``release`` is idempotent so every exit path may call it."""
+
+    service: WorkerService
+    started: float = field(default_factory=time.monotonic)
+    first_text: bool = False
+    first_audio: bool = False
+    released: bool = False
+
+    def text(self) -> None:
+        if not self.first_text:
+            self.first_text = True
+            ms = (time.monotonic() - self.started) * 1000
+            self.service.ttft.add(ms)
+            self.service.metrics.ttft.observe(ms / 1000)
+
+    def audio(self) -> None:
+        if not self.first_audio:
+            self.first_audio = True
+            ms = (time.monotonic() - self.started) * 1000
+            self.service.ttfa.add(ms)
+            self.service.metrics.ttfa.observe(ms / 1000)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.service._release()
+
+
+class WorkerService:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        spec: ModelSpec,
+        engine: Engine,
+        worker_id: str,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.engine = engine
+        self.worker_id = worker_id
+        self.metrics = metrics or WorkerMetrics(spec.stages)
+        self.capabilities = capabilities_of(spec)
+        self.status = WorkerStatus.STARTING
+        self.detail = "starting"
+        self.store: FleetStore | None = None  # set by the daemon when Redis is configured
+        self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
+        self.in_flight = 0
+        self.ttft = _Latencies()
+        self.ttfa = _Latencies()
+        self._sessions: dict[str, float] = {}
+        self._idle_waiters: list = []
+        self.created = int(time.time())
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def set_status(self, status: WorkerStatus, detail: str = "") -> None:
+        self.status = status
+        self.detail = detail or status.value
+        self.metrics.set_status(status)
+
+    @property
+    def serving(self) -> bool:
+        return self.status == WorkerStatus.READY and self.engine.status().ready
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model not in self.spec.served_models:
+            raise OmniError(
+                404,
+                ErrorCode.MODEL_NOT_FOUND,
+                f"model {model!r} is not served here; served: {self.spec.served_models}",
+                "model",
+            )
+        return model
+
+    def admit(self, session_id: str | None = None) -> Ticket:
+        if self.status == WorkerStatus.DRAINING:
+            raise OmniError(503, ErrorCode.DRAINING, "worker is draining; retry on another")
+        if self.status == WorkerStatus.STARTING:
+            raise OmniError(503, ErrorCode.WORKER_UNAVAILABLE, f"worker is {self.detail}")
+        engine = self.engine.status()
+        if not engine.ready or not engine.healthy:
+            raise OmniError(
+                503, ErrorCode.STAGE_FAILED, f"pipeline not ready: {engine.detail or 'recovering'}"
+            )
+        if self.in_flight >= self.settings.capacity:
+            raise OmniError(
+                503, ErrorCode.OVERLOADED, f"worker is at capacity ({self.settings.capacity})"
+            )
+        if session_id:
+            self._sessions[session_id] = time.monotonic()
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+        return Ticket(self)
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def active_sessions(self) -> int:
+        cutoff = time.monotonic() - self.settings.session_window
+        for key in [k for k, at in self._sessions.items() if at < cutoff]:
+            del self._sessions[key]
+        return len(self._sessions)
+
+    # -- load --------------------------------------------------------------------------------
+
+    def load_report(self) -> LoadReport:
+        status = self.engine.status()
+        depth = {name: s.queue_depth for name, s in status.stages.items()}
+        busy = {name: round(s.busy, 4) for name, s in status.stages.items()}
+        self.metrics.observe_stages(depth, busy)
+        return LoadReport(
+            worker_id=self.worker_id,
+            in_flight=self.in_flight,
+            queue_depth=depth,
+            busy=busy,
+            active_sessions=self.active_sessions(),
+            ttft_ms=self.ttft.p50(),
+            ttfa_ms=self.ttfa.p50(),
+            healthy=status.healthy and self.status != WorkerStatus.UNHEALTHY,
+        )
+
+    # -- voices: in Redis when configured, so every worker serves every uploaded voice --------
+
+    def _voice_store_down(self, exc: Exception) -> OmniError:
+        log.warning("voice store unreachable: %s", exc)
+        return OmniError(503, ErrorCode.WORKER_UNAVAILABLE, "voice store (Redis) is unreachable")
+
+    async def put_voice(self, record: VoiceRecord, audio: bytes) -> None:
+        if self.store is None:
+            self._memory_voices[record.name] = (record, audio)
+            return
+        try:
+            await self.store.put_voice(record, audio)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def get_voice(self, name: str) -> tuple[VoiceRecord, bytes] | None:
+        if self.store is None:
+            return self._memory_voices.get(name)
+        try:
+            return await self.store.get_voice(name)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def list_voices(self) -> list[VoiceRecord]:
+        if self.store is None:
+            return sorted((r for r, _ in self._memory_voices.values()), key=lambda v: v.name)
+        try:
+            return await self.store.list_voices()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def delete_voice(self, name: str) -> bool:
+        if self.store is None:
+            return self._memory_voices.pop(name, None) is not None
+        try:
+            return await self.store.delete_voice(name)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc

@@ -1,0 +1,87 @@
+"""``omni-worker`` settings: every field is a ``--flag`` and an ``OMNI_<FIELD>`` variable."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from fleet.settings import OmniSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = Path("configs/models/tiny-omni.yaml")
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "omni-fleet"
+
+
+class WorkerSettings(OmniSettings):
+    """Precedence: CLI flag > ``OMNI_*`` environment > default."""
+
+    spec: Path = Field(DEFAULT_SPEC, description="model spec YAML (configs/models/*.yaml)")
+    override_file: Path | None = Field(None, description="YAML of `stages.<stage>.<field>` values")
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="spec overrides `<stage>.<field>=<value>`; CLI also takes --<stage>.<field> V",
+    )
+    host: str = Field("127.0.0.1", description="address the HTTP API binds")
+    port: int = Field(8100, ge=0, le=65535, description="HTTP port (0: pick a free one)")
+    advertise_url: str | None = Field(
+        None, description="URL routers call; default http://host:port"
+    )
+    node: str = Field(default_factory=socket.gethostname, description="node name in the plan")
+    worker_id: str | None = Field(None, description="fleet id; default <node>-<port>-<random>")
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="weights cache")
+    gpus: str | None = Field(
+        None,
+        description="override GPU detection: 'none', or 'NAME[:GiB],...' / 'Nx NAME' "
+        "(names from the planner's GPU catalog)",
+    )
+    capacity: int = Field(64, ge=1, description="max concurrent requests admitted")
+    heartbeat_interval: float = Field(1.0, gt=0, description="seconds between heartbeats")
+    heartbeat_ttl: float = Field(3.0, gt=0, description="record TTL in seconds")
+    load_interval: float = Field(0.25, gt=0, le=0.5, description="load report period (>= 2 Hz)")
+    drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="request body limit")
+    max_audio_seconds: float = Field(600.0, gt=0, description="longest accepted input audio")
+    token: SecretStr | None = Field(None, description="shared token (OMNI_WORKER_TOKEN)")
+    session_window: float = Field(60.0, gt=0, description="a session counts as active this long")
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token_from_env(cls, value: object) -> object:
+        # The documented name is OMNI_WORKER_TOKEN; OMNI_TOKEN works through the prefix too.
+        if value in (None, ""):
+            return os.environ.get("OMNI_WORKER_TOKEN") or None
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
+        if self.heartbeat_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat_ttl ({self.heartbeat_ttl}s) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}s), or the record expires between heartbeats"
+            )
+        return self
+
+    def resolved_spec(self) -> Path:
+        """The spec path; a relative default is looked up beside the package when not in cwd."""
+        path = self.spec.expanduser()
+        if path.is_absolute() or path.exists():
+            return path
+        packaged = REPO_ROOT / path
+        return packaged if packaged.exists() else path
+
+    def resolved_worker_id(self, port: int) -> str:
+        return self.worker_id or f"{self.node}-{port}-{uuid.uuid4().hex[:6]}"
+
+    def resolved_url(self, port: int) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{host}:{port}"
