@@ -1,0 +1,680 @@
+"""The router: request path (classify -> admit -> affinity/policy -> proxy), admin endpoints,
+lifecycle. The common request (no session key, an idle pooled connection) runs synchronously
+inside the client's ``data_received`` callback: no task, no Redis round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import os
+import random
+import signal
+import time
+
+import orjson
+
+from fleet.errors import ErrorCode, OmniError
+from fleet.records import Endpoint
+from fleet.settings import redacted_url
+from router.admission import Admission
+from router.affinity import Affinity
+from router.classify import Classified, check_session_key, classify_json, route_of
+from router.discovery import Discovery
+from router.http.client import http_get
+from router.http.proxy import BODY, WAITING, Upstream
+from router.http.tunnel import Tunnel
+from router.http.wire import DROP_REQUEST, error_response, json_response, simple_response
+from router.metrics import AffinityOutcome, Metrics
+from router.policies import CHOOSERS
+from router.probes import Prober
+from router.server import ClientConnection, Request
+from router.settings import RouterSettings
+from router.view import FleetView, WorkerState
+
+log = logging.getLogger("omni.router")
+_SWEEP_S = 0.25
+_NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
+_METHODS = {
+    Endpoint.CHAT: frozenset({b"POST"}),
+    Endpoint.SPEECH: frozenset({b"POST"}),
+    Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
+    Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
+    Endpoint.REALTIME: frozenset({b"GET"}),
+}
+
+
+class Dispatch:
+    """One request on its way to a worker (kept for retries)."""
+
+    __slots__ = ("attempt", "body", "c", "deadline", "head_tail", "reqline", "rid_line", "tried")
+
+    def __init__(
+        self, c: Classified, reqline: bytes, head_tail: bytes, body: bytes, rid_line: bytes
+    ) -> None:
+        self.c = c
+        self.reqline = reqline
+        self.head_tail = head_tail
+        self.body = body
+        self.rid_line = rid_line
+        self.attempt = 0
+        self.deadline = 0.0
+        self.tried: set[str] = set()
+
+
+class Router:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.view = FleetView(settings)
+        self.view.add_static(settings.worker)
+        self.metrics = Metrics()
+        self.metrics.gauges = self._gauges
+        per_process = -(-settings.max_in_flight // settings.processes)
+        self.admission = Admission(self.view, per_process, settings.retry_after_s)
+        token = settings.worker_token
+        self.worker_token_line = (
+            b"x-omni-worker-token: " + token.get_secret_value().encode() + b"\r\n" if token else b""
+        )
+        self.prober = Prober(settings, self.view, self.metrics, self.worker_token_line)
+        self.discovery = (
+            Discovery(settings, self.view, self.metrics) if settings.redis_url else None
+        )
+        self.affinity = Affinity(settings, self.discovery)
+        self.choose = CHOOSERS[settings.policy]
+        self.policy_name = settings.policy.value
+        self.api_keys = [k.get_secret_value().encode() for k in settings.api_key] or None
+        self.session_header = settings.session_header.encode()
+        self.session_from_user = settings.session_from_user
+        self.rid_prefix = os.urandom(4).hex().encode() + b"-"
+        self.rid_counter = itertools.count(1)
+        self.in_flight = 0
+        self.ws_sessions = 0
+        self.active: set[ClientConnection] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.started_at = time.time()
+        self.stopping = False
+        self.retry_after_line = b"retry-after: %d\r\n" % settings.retry_after_s
+
+    # -- request path ----------------------------------------------------------------------
+
+    def handle(self, client: ClientConnection, req: Request) -> None:
+        url = req.url
+        q = url.find(b"?")
+        path = url if q < 0 else url[:q]
+        route = route_of(path)
+        if route is None:
+            client.route = "models" if path == b"/v1/models" else "admin"
+            self._admin(client, req, path)
+            return
+        endpoint, json_routed = route
+        client.route = endpoint.value
+        if req.method not in _METHODS[endpoint]:
+            self._fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
+            return
+        auth = ctype = session = None
+        keys = self.api_keys
+        sh = self.session_header
+        fwd: list[bytes] = []
+        for name, value in req.headers:
+            if name in DROP_REQUEST or name.startswith(b"x-omni-"):
+                continue
+            if name == b"content-type":
+                ctype = value
+            elif name == b"authorization":
+                auth = value
+                if keys is not None:
+                    continue  # the router's credential, not the worker's
+            elif name == sh:
+                session = value
+            fwd += (name, b": ", value, b"\r\n")
+        if keys is not None and not self._key_ok(auth):
+            self._unauthorized(client)
+            return
+        if endpoint is Endpoint.REALTIME:
+            self._fail(
+                client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
+            )
+            return
+        try:
+            if json_routed:
+                c = classify_json(endpoint, req.body, ctype, self.session_from_user)
+            else:
+                c = Classified(endpoint)
+            if session is not None:
+                c.session_key = check_session_key(session.decode("latin-1"))
+            capable, open_ = self.admission.admit(c, self.in_flight)
+        except OmniError as exc:
+            outcome = getattr(exc, "outcome", None)
+            if outcome is not None:
+                self.metrics.policy[outcome.value] += 1
+            self._fail(client, exc)
+            return
+        self.in_flight += 1
+        body = req.body
+        rid = self.rid_prefix + b"%x" % next(self.rid_counter)
+        rid_line = b"x-omni-request-id: " + rid + b"\r\n"
+        if body or req.method not in _NO_LENGTH_METHODS:
+            fwd.append(b"content-length: %d\r\n" % len(body))
+        fwd += (rid_line, self.worker_token_line, b"\r\n")
+        d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
+        if c.session_key is None:
+            self.metrics.affinity["none"] += 1
+            self.metrics.policy["chosen"] += 1
+            self._send(client, self.choose(open_, c.stage_class, None), d)
+        else:
+            self._spawn(self._dispatch_session(client, d, capable, open_))
+
+    async def _dispatch_session(
+        self,
+        client: ClientConnection,
+        d: Dispatch,
+        capable: list[WorkerState],
+        open_: list[WorkerState],
+    ) -> None:
+        c = d.c
+        worker, outcome = await self.affinity.resolve(
+            c.session_key,
+            capable,
+            open_,
+            self.choose,
+            c.stage_class,  # type: ignore[arg-type]
+        )
+        self.metrics.affinity[outcome.value] += 1
+        self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
+        if client.closed:
+            self.in_flight -= 1
+            return
+        self._send(client, worker, d)
+
+    def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
+        conn = worker.pool.take()  # type: ignore[union-attr]
+        if conn is None:
+            self._spawn(self._connect_and_send(client, worker, d))
+        else:
+            self._attach(client, worker, conn, d)
+
+    def _attach(
+        self, client: ClientConnection, worker: WorkerState, conn: Upstream, d: Dispatch
+    ) -> None:
+        worker.in_flight += 1
+        worker.requests += 1
+        client.worker = worker
+        client.upstream = conn
+        client.extra_headers = d.rid_line + worker.id_line
+        conn.send(client, d.reqline + worker.host_line + d.head_tail + d.body)
+        if client.paused:
+            conn.pause_reading()
+        self.active.add(client)
+
+    async def _connect_and_send(
+        self, client: ClientConnection, worker: WorkerState, d: Dispatch
+    ) -> None:
+        s = self.settings
+        if not d.deadline:
+            d.deadline = time.monotonic() + s.request_deadline_s
+        while True:
+            try:
+                conn = await worker.pool.connect(  # type: ignore[union-attr]
+                    Upstream, min(s.connect_timeout_s, max(0.001, d.deadline - time.monotonic()))
+                )
+            except (OSError, TimeoutError) as exc:
+                # nothing of the request was sent: safe to try another worker
+                self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
+                d.tried.add(worker.id)
+                d.attempt += 1
+                nxt = self._retry_target(d)
+                backoff = random.uniform(0, s.retry_backoff_s * (2 ** (d.attempt - 1)))
+                if (
+                    nxt is None
+                    or d.attempt >= s.max_attempts
+                    or time.monotonic() + backoff >= d.deadline
+                ):
+                    self.in_flight -= 1
+                    self._fail(
+                        client,
+                        OmniError(
+                            503,
+                            ErrorCode.WORKER_UNAVAILABLE,
+                            f"could not connect to a worker ({d.attempt} tried)",
+                        ),
+                        retry_after=True,
+                    )
+                    return
+                self.metrics.policy["retried"] += 1
+                await asyncio.sleep(backoff)
+                if client.closed:
+                    self.in_flight -= 1
+                    return
+                worker = nxt
+                conn = worker.pool.take()  # type: ignore[union-attr]
+                if conn is None:
+                    continue
+            if client.closed:
+                worker.pool.put(conn)  # type: ignore[union-attr]
+                self.in_flight -= 1
+                return
+            self._attach(client, worker, conn, d)
+            return
+
+    def _retry_target(self, d: Dispatch) -> WorkerState | None:
+        try:
+            _, open_ = self.admission.admit(d.c, 0)
+        except OmniError:
+            return None
+        rest = [w for w in open_ if w.id not in d.tried]
+        return self.choose(rest, d.c.stage_class, d.c.session_key) if rest else None
+
+    # called from ClientConnection when the relay ends
+    def exchange_done(
+        self, client: ClientConnection, conn: Upstream, status: int, interrupted: str | None
+    ) -> None:
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+            health = worker.health
+            if interrupted is not None:
+                worker.errors += 1
+                self.metrics.error(client.route, ErrorCode.STREAM_INTERRUPTED)
+                log.warning("stream from worker %s interrupted: %s", worker.id, interrupted)
+                self._transport_failure(worker, interrupted)
+            elif status >= 500 and status != 503:
+                worker.errors += 1
+                self._worker_failure(worker, f"HTTP {status}")
+            elif health.consecutive_failures:
+                health.request_succeeded()
+        self.metrics.request(client.route, status, time.monotonic() - client.started)
+        client.finish()
+
+    def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None:
+        """The request was sent but no response head came back: never retried."""
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+            worker.errors += 1
+            self._transport_failure(worker, reason)
+        if reason.startswith("timeout"):
+            err = OmniError(504, ErrorCode.WORKER_TIMEOUT, reason)
+        else:
+            err = OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
+        client.upstream = None
+        self._fail(client, err)
+
+    def exchange_aborted(self, client: ClientConnection) -> None:
+        """The client went away mid-exchange."""
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+        self.metrics.request(client.route, 499, time.monotonic() - client.started)
+        client.finish()
+
+    def _transport_failure(self, worker: WorkerState, reason: str) -> None:
+        self._worker_failure(worker, reason)
+        self.prober.probe_soon(worker)
+
+    def _worker_failure(self, worker: WorkerState, reason: str) -> None:
+        before = worker.health.breaker
+        worker.health.request_failed(reason)
+        if worker.health.breaker is not before:
+            self.view.version += 1
+            log.warning("circuit of worker %s opened: %s", worker.id, reason)
+
+    # -- responses made by the router ------------------------------------------------------
+
+    def _fail(self, client: ClientConnection, err: OmniError, retry_after: bool = False) -> None:
+        self.metrics.error(client.route, err.code)
+        extra = self.retry_after_line if retry_after or err.status == 429 else b""
+        data = error_response(
+            err.status, err.code, err.message, client.keep_alive, extra, err.param
+        )
+        client.respond(data, err.status)
+
+    def _key_ok(self, auth: bytes | None) -> bool:
+        if auth is None or auth[:7].lower() != b"bearer ":
+            return False
+        given = auth[7:].strip()
+        ok = False
+        for key in self.api_keys or ():
+            ok |= hmac.compare_digest(given, key)
+        return ok
+
+    def _unauthorized(self, client: ClientConnection) -> None:
+        self.metrics.error(client.route, ErrorCode.INVALID_API_KEY)
+        client.respond(
+            error_response(
+                401,
+                ErrorCode.INVALID_API_KEY,
+                "missing or invalid API key (Authorization: Bearer ...)",
+                client.keep_alive,
+                b"www-authenticate: Bearer\r\n",
+            ),
+            401,
+        )
+
+    # -- WebSocket ---------------------------------------------------------------------------
+
+    def start_websocket(self, client: ClientConnection, req: Request) -> None:
+        client.started = time.monotonic()
+        client.keep_alive = False
+        url = req.url
+        path = url.split(b"?", 1)[0]
+        route = route_of(path)
+        client.route = route[0].value if route else "other"
+        auth = session = None
+        fwd: list[bytes] = []
+        for name, value in req.headers:
+            if name == b"authorization":
+                auth = value
+                if self.api_keys is not None:
+                    continue
+            elif name == self.session_header:
+                session = value
+            if name in DROP_REQUEST or name.startswith(b"x-omni-"):
+                continue
+            fwd += (name, b": ", value, b"\r\n")
+        if self.api_keys is not None and not self._key_ok(auth):
+            self._unauthorized(client)
+            return
+        if route is None:
+            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
+            return
+        try:
+            c = Classified(route[0])
+            if session is not None:
+                c.session_key = check_session_key(session.decode("latin-1"))
+            capable, open_ = self.admission.admit(c, self.in_flight)
+        except OmniError as exc:
+            outcome = getattr(exc, "outcome", None)
+            if outcome is not None:
+                self.metrics.policy[outcome.value] += 1
+            self._fail(client, exc)
+            return
+        self.in_flight += 1
+        rid_line = b"x-omni-request-id: " + self.rid_prefix + b"%x\r\n" % next(self.rid_counter)
+        fwd += (b"connection: Upgrade\r\nupgrade: websocket\r\n", rid_line, self.worker_token_line)
+        fwd.append(b"\r\n")
+        d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)
+        self._spawn(self._websocket(client, d, capable, open_))
+
+    async def _websocket(
+        self,
+        client: ClientConnection,
+        d: Dispatch,
+        capable: list[WorkerState],
+        open_: list[WorkerState],
+    ) -> None:
+        c = d.c
+        if c.session_key is not None:
+            worker, outcome = await self.affinity.resolve(
+                c.session_key, capable, open_, self.choose, c.stage_class
+            )
+        else:
+            worker, outcome = self.choose(open_, c.stage_class, None), AffinityOutcome.NONE
+        self.metrics.affinity[outcome.value] += 1
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        d.deadline = time.monotonic() + s.request_deadline_s
+        while not client.closed:
+            done = False
+
+            def closed(w: WorkerState = worker) -> None:
+                nonlocal done
+                if done:
+                    return
+                done = True
+                w.in_flight -= 1
+                self.in_flight -= 1
+                self.ws_sessions -= 1
+                self.metrics.request(client.route, 101, time.monotonic() - client.started)
+
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda w=worker, cl=closed: Tunnel(
+                            client.transport, d.rid_line + w.id_line, cl
+                        ),
+                        worker.host,
+                        worker.port,
+                    ),
+                    s.connect_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                self._transport_failure(worker, f"connect: {exc}")
+                d.tried.add(worker.id)
+                d.attempt += 1
+                nxt = self._retry_target(d)
+                if nxt is None or d.attempt >= s.max_attempts or time.monotonic() > d.deadline:
+                    self.in_flight -= 1
+                    self._fail(
+                        client,
+                        OmniError(503, ErrorCode.WORKER_UNAVAILABLE, "could not reach a worker"),
+                        retry_after=True,
+                    )
+                    return
+                self.metrics.policy["retried"] += 1
+                await asyncio.sleep(random.uniform(0, s.retry_backoff_s * 2**d.attempt))
+                worker = nxt
+                continue
+            worker.in_flight += 1
+            worker.requests += 1
+            self.ws_sessions += 1
+            pending = client.ws_pending or b""
+            client.ws_pending = None
+            client.tunnel = transport
+            transport.write(d.reqline + worker.host_line + d.head_tail + bytes(pending))
+            if client.closed:
+                transport.close()
+            return
+        self.in_flight -= 1
+
+    # -- admin surface ---------------------------------------------------------------------
+
+    def _admin(self, client: ClientConnection, req: Request, path: bytes) -> None:
+        if req.method not in (b"GET", b"HEAD"):
+            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "not found"))
+            return
+        if path == b"/live":
+            client.respond(json_response({"status": "live"}, keep_alive=client.keep_alive), 200)
+        elif path == b"/ready":
+            doc = self.readiness()
+            status = 200 if doc["ready"] else 503
+            client.respond(json_response(doc, status, client.keep_alive), status)
+        elif path == b"/metrics":
+            client.respond(
+                simple_response(
+                    200,
+                    self.metrics.render(),
+                    b"text/plain; version=0.0.4; charset=utf-8",
+                    client.keep_alive,
+                ),
+                200,
+            )
+        elif path in (b"/diagnostics", b"/v1/models"):
+            if self.api_keys is not None:
+                auth = next((v for n, v in req.headers if n == b"authorization"), None)
+                if not self._key_ok(auth):
+                    self._unauthorized(client)
+                    return
+            if path == b"/diagnostics":
+                client.respond(json_response(self.diagnostics(), 200, client.keep_alive), 200)
+            else:
+                self._spawn(self._models(client))
+        else:
+            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
+
+    def readiness(self) -> dict:
+        routable = sum(1 for w in self.view.workers.values() if w.routable)
+        redis = self._redis_state()
+        ready = routable > 0 and not self.stopping
+        detail = "" if ready else ("shutting down" if self.stopping else "no routable worker")
+        if redis == "unreachable":
+            detail = "Redis unreachable: routing on the last known fleet view"
+        return {
+            "ready": ready,
+            "routable_workers": routable,
+            "workers": len(self.view.workers),
+            "redis": redis,
+            "detail": detail,
+        }
+
+    def _redis_state(self) -> str:
+        if self.discovery is None:
+            return "disabled"
+        return "ok" if self.discovery.up else "unreachable"
+
+    def diagnostics(self) -> dict:
+        s = self.settings
+        disc = self.discovery
+        return {
+            "router": {
+                "pid": os.getpid(),
+                "policy": self.policy_name,
+                "processes": s.processes,
+                "listen": f"{s.host}:{s.port}",
+                "uptime_s": round(time.time() - self.started_at, 3),
+                "in_flight": self.in_flight,
+                "in_flight_limit": self.admission.max_in_flight,
+                "websocket_sessions": self.ws_sessions,
+                "session_header": s.session_header,
+                "affinity_bound": s.affinity_bound,
+                "api_keys": len(s.api_key),
+                "worker_token": s.worker_token is not None,
+            },
+            "redis": {
+                "state": self._redis_state(),
+                "url": None if disc is None else disc.url_for_humans,
+                "fleet": s.fleet,
+                "last_sync_age_s": None
+                if disc is None or not disc.last_sync
+                else round(time.monotonic() - disc.last_sync, 3),
+                "last_error": None if disc is None else disc.last_error,
+            },
+            "workers": [w.describe() for w in self.view.workers.values()],
+            "counts": {
+                "policy": dict(self.metrics.policy),
+                "affinity": dict(self.metrics.affinity),
+            },
+        }
+
+    async def _models(self, client: ClientConnection) -> None:
+        ids: dict[str, None] = {}
+        static = []
+        for w in self.view.workers.values():
+            if w.static:
+                static.append(w)
+            elif w.record.status.value in ("ready", "draining"):
+                ids.update(dict.fromkeys(w.record.served_models))
+        results = await asyncio.gather(
+            *(
+                http_get(
+                    w.host,
+                    w.port,
+                    "/v1/models",
+                    self.settings.probe_timeout_s,
+                    self.worker_token_line,
+                )
+                for w in static
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, tuple) and result[0] == 200:
+                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                    for item in orjson.loads(result[1]).get("data", []):
+                        ids[str(item["id"])] = None
+        doc = {
+            "object": "list",
+            "data": [
+                {"id": i, "object": "model", "created": 0, "owned_by": "omni-fleet"} for i in ids
+            ],
+        }
+        client.respond(json_response(doc, 200, client.keep_alive), 200)
+
+    def _gauges(self) -> dict[str, float]:
+        workers = list(self.view.workers.values())
+        return {
+            "in_flight": self.in_flight,
+            "websocket_sessions": self.ws_sessions,
+            "workers": len(workers),
+            "workers_routable": sum(1 for w in workers if w.routable),
+            "workers_draining": sum(1 for w in workers if w.record.status.value == "draining"),
+            "workers_circuit_open": sum(1 for w in workers if w.health.breaker.value != "closed"),
+            "redis_up": 1 if self.discovery is not None and self.discovery.up else 0,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _sweep(self) -> None:
+        """Headers and idle-between-chunks timeouts, checked for every exchange at once."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(_SWEEP_S)
+            now = time.monotonic()
+            for client in list(self.active):
+                conn = client.upstream
+                if conn is None:
+                    continue
+                if conn.state == WAITING and now - conn.sent_at > s.headers_timeout_s:
+                    conn.abort(f"timeout: no response headers within {s.headers_timeout_s:g}s")
+                elif conn.state == BODY and now - conn.last_activity > s.idle_timeout_s:
+                    conn.abort(f"timeout: worker sent nothing for {s.idle_timeout_s:g}s")
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        background = [self._sweep(), self.prober.run()]
+        if self.discovery is not None:
+            background.append(self.discovery.run())
+        bg = [loop.create_task(c) for c in background]
+        if self.discovery is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.discovery.synced.wait(), s.redis_timeout_s * 3)
+        server = await loop.create_server(
+            lambda: ClientConnection(self),
+            s.host,
+            s.port,
+            reuse_port=s.processes > 1 or None,
+            backlog=4096,
+        )
+        log.info(
+            "omni-router listening on %s:%d (pid %d, policy %s, redis %s, %d static workers)",
+            s.host,
+            s.port,
+            os.getpid(),
+            self.policy_name,
+            "off" if self.discovery is None else redacted_url(self.discovery.url_for_humans),
+            len(s.worker),
+        )
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        self.stopping = True
+        server.close()
+        deadline = time.monotonic() + s.shutdown_grace_s
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for task in bg + list(self.tasks):
+            task.cancel()
+        self.prober.close()
+        for w in self.view.workers.values():
+            if w.pool is not None:
+                w.pool.close()
+        if self.discovery is not None:
+            await self.discovery.close()
+        log.info("omni-router stopped")

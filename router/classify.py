@@ -1,0 +1,125 @@
+"""What a request asks for: endpoint, model, modalities, stream mode, session key, stage class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from fleet.errors import ErrorCode, OmniError
+from fleet.records import Endpoint, Modality
+
+# path -> (endpoint, body is JSON that routing reads)
+ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
+    b"/v1/chat/completions": (Endpoint.CHAT, True),
+    b"/v1/completions": (Endpoint.CHAT, True),
+    b"/v1/audio/speech": (Endpoint.SPEECH, True),
+    b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
+    b"/v1/audio/voices": (Endpoint.VOICES, False),
+    b"/v1/realtime": (Endpoint.REALTIME, False),
+}
+# metric label of each endpoint (a fixed vocabulary)
+ROUTE_LABEL = {e: e.value for e in Endpoint}
+
+_INPUT_PART_MODALITY = {
+    "input_audio": Modality.AUDIO,
+    "audio_url": Modality.AUDIO,
+    "image_url": Modality.IMAGE,
+    "input_image": Modality.IMAGE,
+    "video_url": Modality.VIDEO,
+    "input_video": Modality.VIDEO,
+}
+_TEXT_ONLY = frozenset({Modality.TEXT})
+_TEXT_AUDIO = frozenset({Modality.TEXT, Modality.AUDIO})
+MAX_SESSION_KEY = 256
+
+
+class StageClass:
+    """Which stages a request loads: a text chat the thinker, speech the talker and vocoder."""
+
+    TEXT = "text"
+    SPEECH = "speech"
+
+
+@dataclass(slots=True)
+class Classified:
+    endpoint: Endpoint
+    model: str | None = None
+    stream: bool = False
+    inputs: frozenset[Modality] = _TEXT_ONLY
+    outputs: frozenset[Modality] = _TEXT_ONLY
+    session_key: str | None = None
+    stage_class: str = StageClass.TEXT
+
+
+def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
+    route = ROUTES.get(path)
+    if route is None and path.startswith(b"/v1/audio/voices/"):
+        return ROUTES[b"/v1/audio/voices"]
+    return route
+
+
+def check_session_key(key: str) -> str:
+    if not key or len(key) > MAX_SESSION_KEY or not key.isprintable():
+        raise OmniError(
+            400,
+            ErrorCode.INVALID_SESSION_KEY,
+            f"session key must be 1..{MAX_SESSION_KEY} printable characters",
+        )
+    return key
+
+
+def classify_json(
+    endpoint: Endpoint, body: bytes, content_type: bytes | None, session_from_user: bool
+) -> Classified:
+    """Read the routing fields of a JSON body (parsed once; the original bytes are forwarded)."""
+    if content_type is None or not content_type.lower().startswith(b"application/json"):
+        raise OmniError(
+            415,
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            "this endpoint takes Content-Type application/json",
+        )
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise OmniError(
+            400, ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}"
+        ) from None
+    if not isinstance(doc, dict):
+        raise OmniError(400, ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    out = Classified(endpoint)
+    model = doc.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise OmniError(400, ErrorCode.INVALID_REQUEST, "`model` must be a string", "model")
+        out.model = model
+    out.stream = doc.get("stream") is True
+    if session_from_user:
+        user = doc.get("user")
+        if isinstance(user, str) and user:
+            out.session_key = check_session_key(user)
+    if endpoint is Endpoint.SPEECH:
+        out.outputs = _TEXT_AUDIO
+        out.stage_class = StageClass.SPEECH
+        return out
+    modalities = doc.get("modalities")
+    if isinstance(modalities, list) and "audio" in modalities:
+        out.outputs = _TEXT_AUDIO
+        out.stage_class = StageClass.SPEECH
+    if doc.get("audio") is not None and out.outputs is _TEXT_ONLY:
+        out.outputs = _TEXT_AUDIO
+        out.stage_class = StageClass.SPEECH
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        inputs = None
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                for part in content:
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    modality = _INPUT_PART_MODALITY.get(kind)  # type: ignore[arg-type]
+                    if modality is not None:
+                        inputs = (inputs or {Modality.TEXT}) | {modality}
+        if inputs is not None:
+            out.inputs = frozenset(inputs)
+    return out

@@ -1,0 +1,129 @@
+"""Fleet discovery from Redis: events and load reports by pub/sub, plus a periodic resync.
+
+The resync is the source of truth (it also notices records whose heartbeat TTL ran out); the
+pub/sub feed makes changes visible at once. When Redis goes away the view is kept as it was and
+``up`` turns False; both loops reconnect on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from fleet.records import EventKind, FleetEvent, LoadReport, WorkerRecord
+from fleet.settings import redacted_url
+from fleet.store import FleetStore, connect
+from router.metrics import Metrics
+from router.settings import RouterSettings
+from router.view import FleetView
+
+log = logging.getLogger("omni.router.discovery")
+_ERRORS = (RedisError, OSError, asyncio.TimeoutError, ValidationError)
+
+
+class Discovery:
+    def __init__(self, settings: RouterSettings, view: FleetView, metrics: Metrics) -> None:
+        assert settings.redis_url is not None
+        url = settings.redis_url.get_secret_value()
+        self.url_for_humans = redacted_url(url)
+        self.settings = settings
+        self.view = view
+        self.metrics = metrics
+        self.store = FleetStore(connect(url, timeout_s=settings.redis_timeout_s), settings.fleet)
+        self.up = False
+        self.last_sync = 0.0  # monotonic time of the last successful resync
+        self.last_error = ""
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        await asyncio.gather(self._resync_loop(), self._listen_loop())
+
+    def mark_down(self, exc: BaseException) -> None:
+        if self.up:
+            log.warning(
+                "Redis %s unreachable, routing on the last view: %s", self.url_for_humans, exc
+            )
+        self.up = False
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _mark_up(self) -> None:
+        if not self.up:
+            if self.last_sync:
+                self.metrics.redis_reconnects += 1
+                log.warning("Redis %s reachable again", self.url_for_humans)
+            self.up = True
+
+    async def resync(self) -> None:
+        views = await self.store.snapshot()
+        seen = set()
+        for worker_id, wv in views.items():
+            seen.add(worker_id)
+            current = self.view.workers.get(worker_id)
+            if current is None or current.record != wv.record:
+                self.view.upsert(wv.record)
+            if wv.load is not None:
+                self._apply_load(wv.load)
+        for worker_id in self.view.dynamic_ids() - seen:
+            log.info("worker %s left (record gone)", worker_id)
+            self.view.remove(worker_id)
+        self.last_sync = time.monotonic()
+        self._mark_up()
+        self.synced.set()
+
+    async def _resync_loop(self) -> None:
+        while True:
+            try:
+                await self.resync()
+            except _ERRORS as exc:
+                self.mark_down(exc)
+            await asyncio.sleep(self.settings.resync_interval_s)
+
+    async def _listen_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async for item in self.store.listen():
+                    backoff = 0.1
+                    if isinstance(item, LoadReport):
+                        self._apply_load(item)
+                    else:
+                        await self._apply_event(item)
+            except _ERRORS as exc:
+                self.mark_down(exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            try:  # catch up with whatever was published while we were away
+                await self.resync()
+            except _ERRORS as exc:
+                self.mark_down(exc)
+
+    def _apply_load(self, report: LoadReport) -> None:
+        worker = self.view.workers.get(report.worker_id)
+        if worker is None or worker.static:
+            return
+        was = worker.load.healthy if worker.load is not None else True
+        worker.update_load(report)
+        if report.healthy != was:
+            self.view.version += 1
+
+    async def _apply_event(self, event: FleetEvent) -> None:
+        if event.kind is EventKind.LEFT:
+            log.info("worker %s left", event.worker_id)
+            self.view.remove(event.worker_id)
+            return
+        raw = await self.store.redis.get(self.store.keys.worker(event.worker_id))
+        if raw is None:
+            self.view.remove(event.worker_id)
+            return
+        record = WorkerRecord.model_validate_json(raw)
+        log.info("worker %s: %s (status %s)", record.id, event.kind.value, record.status.value)
+        self.view.upsert(record)
+
+    async def close(self) -> None:
+        with contextlib.suppress(_ERRORS):
+            await self.store.close()

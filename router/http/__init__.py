@@ -1,0 +1,1 @@
+"""The router's data path: raw asyncio protocols, httptools parsing, keep-alive pools."""

@@ -1,0 +1,255 @@
+"""One connection to a worker, relaying each response to the client as it arrives.
+
+The relay is callback-driven (no task per request): httptools calls ``on_body`` for every piece
+the worker sends and the piece goes straight to the client's transport. Backpressure runs the
+other way: when the client's transport pauses writing, the client pauses reading here, so a slow
+client slows the worker's socket instead of growing a buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import httptools
+
+from router.http.pool import peek_socket, peer_closed
+from router.http.wire import DROP_RESPONSE, chunk, sse_error_event, status_line
+
+if TYPE_CHECKING:
+    from router.http.pool import Pool
+
+IDLE, WAITING, BODY = 0, 1, 2
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class Downstream(Protocol):
+    """What the relay needs from the client side of an exchange."""
+
+    transport: asyncio.Transport
+    keep_alive: bool
+    http11: bool
+    head_only: bool
+    extra_headers: bytes  # ready-made lines: request id, worker id
+
+    def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
+    def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
+
+
+class Upstream(asyncio.Protocol):
+    __slots__ = (
+        "chunked_in",
+        "chunked_out",
+        "client",
+        "closed",
+        "fail_reason",
+        "head",
+        "headers",
+        "last_activity",
+        "parser",
+        "pool",
+        "sent_at",
+        "sock",
+        "sse",
+        "sse_tail",
+        "state",
+        "status",
+        "transport",
+        "until_close",
+    )
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sock: socket.socket | None = None
+        self.client: Downstream | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head: bytes | None = None  # response head not yet written (coalesced with body)
+        self.state = IDLE
+        self.status = 0
+        self.chunked_in = False
+        self.chunked_out = False
+        self.until_close = False
+        self.sse = False
+        self.sse_tail = b"\n\n"
+        self.closed = False
+        self.sent_at = 0.0
+        self.last_activity = 0.0
+        self.fail_reason = ""
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.sock = peek_socket(transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail_reason = f"bad response from worker: {exc}"
+            self.transport.close()  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        client = self.client
+        if client is None:
+            self.pool.discard(self)
+            return
+        self.client = None
+        if self.state == WAITING:
+            self.state = IDLE
+            client.upstream_failed(self, self.fail_reason or "worker closed the connection")
+            return
+        self.state = IDLE
+        if self.until_close and not self.fail_reason:
+            self._finish(client)  # a response delimited by the end of the connection
+            return
+        reason = self.fail_reason or "worker connection lost mid-response"
+        if self.sse and self.chunked_out:
+            # end the stream with a final error event the client can read
+            sep = b"" if self.sse_tail.endswith(b"\n\n") else b"\n\n"
+            tail = chunk(sep + sse_error_event(reason)) + b"0\r\n\r\n"
+            if self.head is not None:
+                tail = self.head + tail
+                self.head = None
+            client.transport.write(tail)
+        else:
+            client.transport.close()  # cut: the client sees an incomplete body
+        client.upstream_done(self, self.status, reason)
+
+    # -- exchange --------------------------------------------------------------------------
+
+    def usable(self) -> bool:
+        return not self.closed and (self.sock is None or not peer_closed(self.sock))
+
+    def send(self, client: Downstream, data: bytes) -> None:
+        self.client = client
+        self.state = WAITING
+        self.headers = []
+        self.head = None
+        self.fail_reason = ""
+        self.sent_at = self.last_activity = time.monotonic()
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def abort(self, reason: str) -> None:
+        """Client went away or a timeout fired: drop the connection (never reused)."""
+        self.fail_reason = reason
+        if self.transport is not None:
+            self.transport.close()
+
+    def detach(self) -> None:
+        """Forget the client (it is gone) and close; the worker sees the disconnect."""
+        self.client = None
+        self.state = IDLE
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        client = self.client
+        if client is None:
+            return
+        status = self.parser.get_status_code()
+        self.status = status
+        parts = [status_line(status)]
+        length: bytes | None = None
+        chunked_in = sse = False
+        for name, value in self.headers:
+            lname = name.lower()
+            if lname in DROP_RESPONSE:
+                if lname == b"content-length":
+                    length = value
+                elif lname == b"transfer-encoding":
+                    chunked_in = b"chunked" in value.lower()
+                continue
+            if lname == b"content-type" and value.startswith(b"text/event-stream"):
+                sse = True
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(client.extra_headers)
+        no_body = status in _NO_BODY_STATUS or status < 200 or client.head_only
+        self.chunked_in = chunked_in
+        self.until_close = False
+        self.chunked_out = False
+        self.sse = sse
+        if length is not None and not chunked_in:
+            parts += (b"content-length: ", length, b"\r\n")
+        elif not no_body:
+            self.until_close = not chunked_in
+            if client.http11:
+                self.chunked_out = True
+                parts.append(b"transfer-encoding: chunked\r\n")
+            else:
+                client.keep_alive = False  # HTTP/1.0: the end of the body is the end of the link
+        if not client.keep_alive:
+            parts.append(b"connection: close\r\n")
+        elif not client.http11:
+            parts.append(b"connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        self.state = BODY
+        self.last_activity = time.monotonic()
+        if self.chunked_out or sse:
+            client.transport.write(head)  # streams: headers go out at once
+        else:
+            self.head = head  # coalesced with the body: one write for small responses
+
+    def on_body(self, body: bytes) -> None:
+        client = self.client
+        if client is None:
+            return
+        self.last_activity = time.monotonic()
+        if self.chunked_out:
+            data = b"%x\r\n%b\r\n" % (len(body), body)
+            if self.sse:
+                self.sse_tail = body[-2:]
+        else:
+            data = body
+        if self.head is not None:
+            data = self.head + data
+            self.head = None
+        client.transport.write(data)
+
+    def on_message_complete(self) -> None:
+        client = self.client
+        if client is None:
+            return
+        keep = self.parser.should_keep_alive()
+        self.client = None
+        self._finish(client)
+        if keep and not self.closed:
+            self.pool.put(self)
+        else:
+            self.close()
+
+    def _finish(self, client: Downstream) -> None:
+        self.state = IDLE
+        tail = b"0\r\n\r\n" if self.chunked_out else b""
+        if self.head is not None:
+            tail = self.head + tail
+            self.head = None
+        if tail:
+            client.transport.write(tail)
+        client.upstream_done(self, self.status, None)

@@ -1,0 +1,134 @@
+"""Prometheus metrics with fixed label vocabularies.
+
+The request path only bumps plain ints in dicts (no locks, no label lookups); the exposition
+is built at scrape time by a collector. Every label value comes from a fixed list below, so
+the number of series never depends on traffic (no worker ids, models or paths as labels).
+Each router process keeps its own counters; with ``--processes N`` scrape each process or sum.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from fleet.errors import ErrorCode
+from fleet.records import Endpoint
+
+ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+class PolicyOutcome(StrEnum):
+    CHOSEN = "chosen"  # a worker was picked by the policy
+    AFFINITY = "affinity"  # the session's bound worker was used
+    RETRIED = "retried"  # connecting failed, another worker was tried
+    NO_ELIGIBLE = "no_eligible"  # 503
+    OVER_CAPACITY = "over_capacity"  # every eligible worker full: 429
+    GLOBAL_LIMIT = "global_limit"  # router in-flight limit: 429
+
+
+class AffinityOutcome(StrEnum):
+    NONE = "none"  # no session key
+    NEW = "new"  # first request of a session: bound now
+    HIT = "hit"  # bound worker used
+    MOVED_INELIGIBLE = "moved_ineligible"  # bound worker gone, draining or unhealthy
+    MOVED_BOUNDED_LOAD = "moved_bounded_load"  # bound worker above the load bound
+    HASHED = "hashed"  # no Redis (static or unreachable): rendezvous hash of the key
+
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests = {(r, s): 0 for r in ROUTES for s in STATUS_CLASSES}
+        self.errors = {(r, c.value): 0 for r in ROUTES for c in ErrorCode}
+        self.policy = {o.value: 0 for o in PolicyOutcome}
+        self.affinity = {o.value: 0 for o in AffinityOutcome}
+        self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
+        self.hist_sum = dict.fromkeys(ROUTES, 0.0)
+        self.redis_reconnects = 0
+        self.health_transitions = 0
+        self.probes_failed = 0
+        self.gauges: Callable[[], dict[str, float]] = dict
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        self.requests[route, STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]] += 1
+        self.hist[route][bisect_left(BUCKETS, seconds)] += 1
+        self.hist_sum[route] += seconds
+
+    def error(self, route: str, code: ErrorCode) -> None:
+        self.errors[route, code.value] += 1
+
+    def render(self) -> bytes:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))  # type: ignore[arg-type]
+        return generate_latest(registry)
+
+
+class _Collector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        c = CounterMetricFamily(
+            "omni_router_requests", "Requests answered", labels=["route", "status_class"]
+        )
+        for (route, cls), n in m.requests.items():
+            c.add_metric([route, cls], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_errors", "Errors by stable error code", labels=["route", "code"]
+        )
+        for (route, code), n in m.errors.items():
+            if n:
+                c.add_metric([route, code], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_policy_outcomes", "Worker selection outcomes", labels=["outcome"]
+        )
+        for outcome, n in m.policy.items():
+            c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_affinity_outcomes", "Session affinity outcomes", labels=["outcome"]
+        )
+        for outcome, n in m.affinity.items():
+            c.add_metric([outcome], n)
+        yield c
+        h = HistogramMetricFamily(
+            "omni_router_request_duration_seconds",
+            "Time from the full request to the end of the response",
+            labels=["route"],
+        )
+        for route, counts in m.hist.items():
+            cumulative, acc = [], 0
+            for bound, n in zip((*BUCKETS, float("inf")), counts, strict=True):
+                acc += n
+                cumulative.append((_le(bound), acc))
+            h.add_metric([route], cumulative, m.hist_sum[route])
+        yield h
+        c = CounterMetricFamily("omni_router_redis_reconnects", "Redis reconnections")
+        c.add_metric([], m.redis_reconnects)
+        yield c
+        c = CounterMetricFamily("omni_router_health_transitions", "Worker health changes")
+        c.add_metric([], m.health_transitions)
+        yield c
+        for name, value in m.gauges().items():
+            g = GaugeMetricFamily(f"omni_router_{name}", name.replace("_", " "))
+            g.add_metric([], value)
+            yield g
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

@@ -1,0 +1,115 @@
+"""Selection policies: pick one worker among the eligible ones."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from collections.abc import Callable, Sequence
+
+from router.classify import StageClass
+from router.settings import Policy
+from router.view import WorkerState
+
+# Stages that bound each request class (names from the model specs' stage graphs). Other stages
+# still count, at a lower weight: they are shared, but not the bottleneck of this class.
+PRIMARY_STAGES = {
+    StageClass.TEXT: frozenset({"thinker", "asr", "llm", "decode"}),
+    StageClass.SPEECH: frozenset({"talker", "code2wav", "vocoder", "tts_engine"}),
+}
+SECONDARY_WEIGHT = 0.25
+
+_rng = random.Random()
+_recency = itertools.count(1)
+
+Chooser = Callable[[Sequence[WorkerState], str, str | None], WorkerState]
+
+
+def load_score(worker: WorkerState, stage_class: str) -> float:
+    """Router's own in-flight count plus the worker's reported load on the stages this request
+    class uses, relative to the worker's capacity. Lower is better."""
+    score = float(worker.in_flight)
+    load = worker.fresh_load()
+    if load is not None:
+        primary = PRIMARY_STAGES[stage_class]
+        if load.queue_depth or load.busy:
+            for stage, depth in load.queue_depth.items():
+                score += depth if stage in primary else SECONDARY_WEIGHT * depth
+            for stage, busy in load.busy.items():
+                score += busy if stage in primary else SECONDARY_WEIGHT * busy
+        else:
+            score += load.in_flight
+    return score / worker.capacity
+
+
+def choose_load(workers: Sequence[WorkerState], stage_class: str, key: str | None) -> WorkerState:
+    """Power of two choices: two distinct random candidates, the lower score wins."""
+    n = len(workers)
+    if n == 1:
+        return workers[0]
+    i = int(_rng.random() * n)
+    j = int(_rng.random() * (n - 1))
+    if j >= i:
+        j += 1
+    a, b = workers[i], workers[j]
+    return a if load_score(a, stage_class) <= load_score(b, stage_class) else b
+
+
+def choose_least_inflight(
+    workers: Sequence[WorkerState], stage_class: str, key: str | None
+) -> WorkerState:
+    best = min(w.in_flight / w.capacity for w in workers)
+    ties = [w for w in workers if w.in_flight / w.capacity == best]
+    return ties[0] if len(ties) == 1 else _rng.choice(ties)
+
+
+def choose_round_robin(
+    workers: Sequence[WorkerState], stage_class: str, key: str | None
+) -> WorkerState:
+    """The least recently picked candidate: candidate sets that change (a model served by some
+    workers only) never lock into a shared modulo phase."""
+    chosen = min(workers, key=_last_picked)
+    chosen.last_picked = next(_recency)
+    return chosen
+
+
+def _last_picked(worker: WorkerState) -> int:
+    return worker.last_picked
+
+
+def choose_random(workers: Sequence[WorkerState], stage_class: str, key: str | None) -> WorkerState:
+    return workers[int(_rng.random() * len(workers))]
+
+
+def rendezvous_weight(key: str, worker_id: str) -> int:
+    digest = hashlib.blake2b(f"{key}\0{worker_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def choose_hash(workers: Sequence[WorkerState], stage_class: str, key: str | None) -> WorkerState:
+    """Rendezvous (highest random weight) hashing of the session key: a worker joining or
+    leaving moves only the keys that it wins or held."""
+    if key is None:
+        return choose_random(workers, stage_class, key)
+    return max(workers, key=lambda w: rendezvous_weight(key, w.id))
+
+
+CHOOSERS: dict[Policy, Chooser] = {
+    Policy.LOAD: choose_load,
+    Policy.LEAST_INFLIGHT: choose_least_inflight,
+    Policy.ROUND_ROBIN: choose_round_robin,
+    Policy.RANDOM: choose_random,
+    Policy.HASH: choose_hash,
+}
+
+
+def over_bound(
+    worker: WorkerState, workers: Sequence[WorkerState], stage_class: str, bound: float
+) -> bool:
+    """Bounded load: is ``worker`` above ``bound`` x the mean load of ``workers``, counting the
+    request about to be placed?"""
+    if len(workers) < 2:
+        return False
+    scores = [load_score(w, stage_class) + 1 / w.capacity for w in workers]
+    mine = load_score(worker, stage_class) + 1 / worker.capacity
+    return mine > bound * sum(scores) / len(scores)

@@ -1,0 +1,255 @@
+"""The client side: one protocol instance per client connection (HTTP/1.1 keep-alive,
+pipelining answered in order, WebSocket upgrades spliced to a worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import httptools
+
+from fleet.errors import ErrorCode
+from router.http.wire import error_response
+
+if TYPE_CHECKING:
+    from router.app import Router
+    from router.http.proxy import Upstream
+    from router.view import WorkerState
+
+
+class Request:
+    __slots__ = ("body", "headers", "http11", "keep_alive", "method", "upgrade", "url")
+
+    def __init__(
+        self,
+        method: bytes,
+        url: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        keep_alive: bool,
+        http11: bool,
+        upgrade: bool,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers  # (lower-case name, value)
+        self.body = body
+        self.keep_alive = keep_alive
+        self.http11 = http11
+        self.upgrade = upgrade
+
+
+class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "body",
+        "body_size",
+        "busy",
+        "closed",
+        "extra_headers",
+        "head_only",
+        "headers",
+        "http11",
+        "keep_alive",
+        "max_body",
+        "parser",
+        "paused",
+        "pending",
+        "route",
+        "router",
+        "started",
+        "transport",
+        "tunnel",
+        "upgrade_req",
+        "upstream",
+        "url",
+        "worker",
+        "ws_pending",
+    )
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.max_body = router.settings.max_body_bytes
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.pending: deque[Request] = deque()
+        self.busy = False
+        self.closed = False
+        self.paused = False
+        self.keep_alive = True
+        self.http11 = True
+        self.head_only = False
+        self.extra_headers = b""
+        self.upstream: Upstream | None = None
+        self.worker: WorkerState | None = None
+        self.route = "other"
+        self.started = 0.0
+        self.tunnel: asyncio.Transport | None = None
+        self.upgrade_req: Request | None = None
+        self.ws_pending: bytearray | None = None  # client bytes that came before the tunnel
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.write(data)
+            return
+        if self.ws_pending is not None:
+            self.ws_pending += data
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            req = self.upgrade_req
+            self.upgrade_req = None
+            if req is not None and not self.closed:
+                self.ws_pending = bytearray(data[exc.args[0] :])
+                self.router.start_websocket(self, req)
+        except httptools.HttpParserError:
+            if not self.closed:
+                self.reject(400, ErrorCode.INVALID_REQUEST, "malformed HTTP request")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pending.clear()
+        if self.tunnel is not None:
+            self.tunnel.close()
+        upstream = self.upstream
+        if upstream is not None:
+            self.upstream = None
+            upstream.detach()  # the worker sees the disconnect and can abort its work
+            self.router.exchange_aborted(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+        if self.tunnel is not None:
+            self.tunnel.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+        if self.tunnel is not None:
+            self.tunnel.resume_reading()
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.body = []
+        self.body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        length = expect = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"expect":
+                expect = value
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            self.too_large()
+        elif expect is not None and expect.lower() == b"100-continue" and not self.closed:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self.max_body:
+            self.too_large()
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.closed:
+            return
+        parser = self.parser
+        body = self.body
+        req = Request(
+            parser.get_method(),
+            self.url,
+            self.headers,
+            body[0] if len(body) == 1 else b"".join(body),
+            parser.should_keep_alive(),
+            parser.get_http_version() == "1.1",
+            parser.should_upgrade(),
+        )
+        if req.upgrade:
+            self.upgrade_req = req  # handled when the parser stops at the upgrade
+            return
+        if self.busy:
+            self.pending.append(req)
+        else:
+            self.start(req)
+
+    # -- exchanges -------------------------------------------------------------------------
+
+    def start(self, req: Request) -> None:
+        self.busy = True
+        self.keep_alive = req.keep_alive
+        self.http11 = req.http11
+        self.head_only = req.method == b"HEAD"
+        self.started = time.monotonic()
+        self.router.handle(self, req)
+
+    def finish(self) -> None:
+        """The current exchange is over: close, or answer the next pipelined request."""
+        self.busy = False
+        self.upstream = None
+        self.worker = None
+        if self.closed:
+            return
+        if not self.keep_alive:
+            self.closed = True
+            self.transport.close()
+        elif self.pending:
+            self.start(self.pending.popleft())
+
+    def respond(self, data: bytes, status: int) -> None:
+        """A response made by the router itself."""
+        if not self.closed:
+            self.transport.write(data)
+        self.router.metrics.request(self.route, status, time.monotonic() - self.started)
+        self.finish()
+
+    def reject(self, status: int, code: ErrorCode, message: str) -> None:
+        """An error before any request could be dispatched (parse errors, size limits)."""
+        self.router.metrics.error("other", code)
+        self.router.metrics.request("other", status, 0.0)
+        self.closed = True
+        self.transport.write(error_response(status, code, message, keep_alive=False))
+        self.transport.close()
+        if self.upstream is not None:
+            self.upstream.detach()
+            self.upstream = None
+            self.router.exchange_aborted(self)
+
+    def too_large(self) -> None:
+        if not self.closed:
+            self.reject(
+                413,
+                ErrorCode.BODY_TOO_LARGE,
+                f"request body is larger than {self.max_body} bytes",
+            )
+
+    # called by the relay (router.http.proxy.Upstream)
+    def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None:
+        self.router.exchange_done(self, conn, status, interrupted)
+
+    def upstream_failed(self, conn: Upstream, reason: str) -> None:
+        self.router.exchange_failed(self, conn, reason)

@@ -1,0 +1,100 @@
+"""Every knob of ``omni-router``: one strict settings model (CLI flag = ``OMNI_`` env var)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from fleet.settings import OmniSettings
+
+
+class Policy(StrEnum):
+    LOAD = "load"
+    LEAST_INFLIGHT = "least_inflight"
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    HASH = "hash"
+
+
+class RouterSettings(OmniSettings):
+    """Settings of one router (all of its ``--processes`` share them)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    processes: int = Field(1, ge=1, le=64, description="router processes on one port")
+    worker: list[str] = Field(
+        default_factory=list,
+        description="static worker base URL (repeatable); serves any model, probed on /health",
+    )
+    static_capacity: int = Field(1024, ge=1, description="capacity assumed for a static worker")
+
+    # selection and affinity
+    policy: Policy = Policy.LOAD
+    session_header: str = "x-session-id"
+    session_from_user: bool = Field(True, description="use the body's `user` as a session key")
+    session_ttl_s: float = Field(1800.0, gt=0)
+    affinity_bound: float = Field(
+        1.25, ge=1.0, description="a binding yields when its worker is above bound x mean load"
+    )
+
+    # admission and limits
+    max_in_flight: int = Field(8192, ge=1, description="in-flight limit over all processes")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    retry_after_s: int = Field(1, ge=0)
+
+    # timeouts and retries
+    connect_timeout_s: float = Field(2.0, gt=0)
+    headers_timeout_s: float = Field(300.0, gt=0, description="request sent -> response headers")
+    idle_timeout_s: float = Field(120.0, gt=0, description="longest pause between body chunks")
+    request_deadline_s: float = Field(10.0, gt=0, description="budget for connect retries")
+    max_attempts: int = Field(3, ge=1, description="workers tried when connecting fails")
+    retry_backoff_s: float = Field(0.02, ge=0, description="base of the jittered backoff")
+
+    # health
+    probe_interval_s: float = Field(1.0, gt=0)
+    probe_timeout_s: float = Field(1.0, gt=0)
+    healthy_after: int = Field(1, ge=1, description="probe successes that make a worker healthy")
+    unhealthy_after: int = Field(2, ge=1, description="probe failures that make it unhealthy")
+    breaker_failures: int = Field(5, ge=1, description="consecutive 5xx/transport failures")
+    breaker_open_s: float = Field(5.0, gt=0, description="open time before the half-open probe")
+
+    # discovery
+    resync_interval_s: float = Field(1.0, gt=0)
+    redis_timeout_s: float = Field(1.0, gt=0)
+
+    # security
+    api_key: list[SecretStr] = Field(
+        default_factory=list, description="client API key accepted as Bearer (repeatable)"
+    )
+    worker_token: SecretStr | None = Field(
+        None, description="sent to workers as x-omni-worker-token"
+    )
+
+    shutdown_grace_s: float = Field(10.0, ge=0, description="wait for in-flight work on SIGTERM")
+    pool_max_idle: int = Field(512, ge=0, description="idle keep-alive connections per worker")
+
+    @field_validator("worker")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        out = []
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname or not parts.port:
+                raise ValueError(f"worker URL {url!r} must look like http://HOST:PORT")
+            out.append(f"http://{parts.hostname}:{parts.port}")
+        return out
+
+    @field_validator("session_header")
+    @classmethod
+    def _lower(cls, name: str) -> str:
+        if not name or any(c in name for c in " :\r\n"):
+            raise ValueError(f"invalid header name {name!r}")
+        return name.lower()
+
+    @model_validator(mode="after")
+    def _needs_workers(self) -> RouterSettings:
+        if not self.worker and self.redis_url is None:
+            raise ValueError("give --redis-url (discovery) or at least one --worker URL")
+        return self
