@@ -52,14 +52,17 @@ class Planned:
     node_plan: NodePlan
 
 
-def node_gpus(settings: WorkerSettings) -> list[tuple[str, int]]:
+def inventory_of(settings: WorkerSettings):  # -> planner.inventory.Inventory
+    """``--gpus`` (the planner's own syntax, e.g. ``2xH100-80GB`` or ``cpu``) or detection."""
+    from planner.inventory import Inventory
+
     if settings.gpus is not None:
-        found = gpu_detection.parse_override(settings.gpus, _catalog_bytes)
-        log.info("GPUs from --gpus: %s", _describe(found))
-        return found
+        inventory = Inventory.parse(settings.gpus, node=settings.node)
+        log.info("GPUs from --gpus: %s", settings.gpus)
+        return inventory
     found, method = gpu_detection.detect()
     log.info("GPUs detected (%s): %s", method, _describe(found))
-    return found
+    return Inventory.from_devices(settings.node, found)
 
 
 def _describe(found: list[tuple[str, int]]) -> str:
@@ -70,26 +73,15 @@ def _describe(found: list[tuple[str, int]]) -> str:
     )
 
 
-def _catalog_bytes(name: str) -> int | None:
-    """Memory of a GPU model by catalog name, for ``--gpus NAME`` without a size."""
-    try:
-        from planner import catalog  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    lookup = getattr(catalog, "memory_bytes", None)
-    return lookup(name) if lookup is not None else None
-
-
 def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
     """Run the planner exactly as ``omni-plan`` does, on this node's GPUs."""
     from planner.api import plan_spec
-    from planner.inventory import Inventory
 
     spec_path = settings.resolved_spec()
     if not spec_path.exists():
         raise StartupError(f"spec not found: {spec_path}", EXIT_BAD_SPEC)
-    inventory = Inventory.from_devices(settings.node, node_gpus(settings))
     try:
+        inventory = inventory_of(settings)
         result = plan_spec(
             spec_path,
             inventory=inventory,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -81,43 +81,3 @@ def detect() -> tuple[list[GpuInfo], str]:
     if found:
         return found, "torch"
     return [], "none"
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
-def parse_size(text: str) -> int:
-    """``80GiB``, ``141GB``, ``85899345920`` -> bytes."""
-    raw = text.strip().lower().replace(" ", "")
-    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(digits) :]
-    if not digits or unit not in _UNITS:
-        raise ValueError(f"bad size {text!r}: use e.g. 80GiB, 141GB or a byte count")
-    return int(float(digits) * _UNITS[unit])
-
-
-def parse_override(text: str, lookup: Callable[[str], int | None]) -> list[GpuInfo]:
-    """``--gpus``: ``none`` | comma list of ``[Nx]NAME[:SIZE]``; a bare NAME takes its size
-    from ``lookup`` (the planner's GPU catalog)."""
-    text = text.strip()
-    if text.lower() in ("none", "cpu", "0", ""):
-        return []
-    gpus: list[GpuInfo] = []
-    for item in text.split(","):
-        item = item.strip()
-        count = 1
-        head, sep, rest = item.partition("x")
-        if sep and head.strip().isdigit():
-            count, item = int(head), rest.strip()
-        name, _, size = item.partition(":")
-        name = name.strip()
-        if size:
-            total = parse_size(size)
-        else:
-            found = lookup(name)
-            if found is None:
-                raise ValueError(f"--gpus: unknown GPU {name!r}; give its size as {name}:80GiB")
-            total = found
-        gpus.extend([(name, total)] * count)
-    return gpus

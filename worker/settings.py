@@ -39,8 +39,8 @@ class WorkerSettings(OmniSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="weights cache")
     gpus: str | None = Field(
         None,
-        description="override GPU detection: 'none', or 'NAME[:GiB],...' / 'Nx NAME' "
-        "(names from the planner's GPU catalog)",
+        description="skip GPU detection and plan for these GPUs, in omni-plan's syntax: "
+        "'2xH100-80GB', 'H200-141GB', 'cpu'",
     )
     capacity: int = Field(64, ge=1, description="max concurrent requests admitted")
     heartbeat_interval: float = Field(1.0, gt=0, description="seconds between heartbeats")
