@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -208,7 +211,9 @@ def test_worker_runs_on_gpu_nodes_and_drains_on_termination() -> None:
     container = spec["containers"][0]
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
     pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
-    assert "kill -TERM 1" in pre_stop
+    # one SIGTERM starts the drain; the hook then waits for the exit, because the kubelet's
+    # own SIGTERM after the hook would be a second one (stop without waiting)
+    assert "kill -TERM 1" in pre_stop and "while kill -0 1" in pre_stop
     drain = float(env_of(container)["OMNI_DRAIN_TIMEOUT"]["value"])
     assert spec["terminationGracePeriodSeconds"] > drain
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -295,3 +300,37 @@ def test_daemon_env_vars_are_settings_fields_and_parse(monkeypatch: pytest.Monke
             assert loaded.node == "gpu-node-7"
         else:
             assert [k.get_secret_value() for k in loaded.api_key] == ["change-me-client-key"]
+
+
+_FAKE_WORKER = """
+import signal, sys, time
+signals = []
+signal.signal(signal.SIGTERM, lambda *_: signals.append(1))
+print("up", flush=True)
+while not signals:
+    time.sleep(0.01)
+time.sleep(1.5)  # in-flight work finishing
+sys.exit(10 + len(signals))  # 11: drained after exactly one SIGTERM
+"""
+
+
+def test_worker_pre_stop_hook_sends_one_sigterm_and_returns_after_the_exit() -> None:
+    """The hook's shell command, run for real against a process that drains like the worker
+    (PID 1 in the pod is replaced by this process's PID)."""
+    container = pod_spec(find(base_docs(), "DaemonSet", "omni-worker"))["containers"][0]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    worker = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER], stdout=subprocess.PIPE)
+    reaper = threading.Thread(target=worker.wait)  # reaped at once, so `kill -0` sees it gone
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
+        reaper.start()
+        script = re.sub(r"kill (-TERM|-0) 1\b", rf"kill \1 {worker.pid}", command[2])
+        assert str(worker.pid) in script
+        subprocess.run(["/bin/sh", "-c", script], timeout=20, check=True)
+        reaper.join(timeout=0.2)  # the worker had exited before the hook returned
+        assert not reaper.is_alive() and worker.returncode == 11
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=5)
