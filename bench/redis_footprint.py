@@ -31,7 +31,15 @@ from planner.plan import (
 )
 
 GIB = 1024**3
-STAGES = ("preprocessing", "image_encoder", "audio_encoder", "thinker", "decode", "talker", "code2wav")
+STAGES = (
+    "preprocessing",
+    "image_encoder",
+    "audio_encoder",
+    "thinker",
+    "decode",
+    "talker",
+    "code2wav",
+)
 
 
 def omni_plan(node: str) -> LaunchPlan:
@@ -141,20 +149,31 @@ async def main(workers: int, sessions: int) -> None:
 
         some = ids[0]
         session_key = next(sync.scan_iter(match=store.keys.affinity("*"), count=1000))
-        print(f"redis-server {sync.info('server')['redis_version']}, fleet prefix {store.keys.prefix!r}")
-        print(f"worker record   : {sync.memory_usage(store.keys.worker(some))} B "
-              f"(JSON {len(sync.get(store.keys.worker(some)))} B, plan included)")
-        print(f"load report     : {sync.memory_usage(store.keys.load(some))} B "
-              f"(JSON {len(sync.get(store.keys.load(some)))} B)")
+        print(
+            f"redis-server {sync.info('server')['redis_version']}, "
+            f"fleet prefix {store.keys.prefix!r}"
+        )
+        print(
+            f"worker record   : {sync.memory_usage(store.keys.worker(some))} B "
+            f"(JSON {len(sync.get(store.keys.worker(some)))} B, plan included)"
+        )
+        print(
+            f"load report     : {sync.memory_usage(store.keys.load(some))} B "
+            f"(JSON {len(sync.get(store.keys.load(some)))} B)"
+        )
         print(f"session binding : {sync.memory_usage(session_key)} B")
-        print(f"voice           : {sync.memory_usage(store.keys.voice_audio('alice'))} B audio "
-              f"+ {len(sync.hget(store.keys.voices, 'alice'))} B metadata")
-        print(f"used_memory: empty {base / 1e6:.1f} MB; "
-              f"+{workers} workers {(after_workers - base) / 1e6:.1f} MB "
-              f"({(after_workers - base) / workers:.0f} B/worker); "
-              f"+{sessions} sessions {(after_sessions - after_workers) / 1e6:.1f} MB "
-              f"({(after_sessions - after_workers) / max(sessions, 1):.0f} B/session); "
-              f"+1 voice {(after_voice - after_sessions) / 1e6:.2f} MB")
+        print(
+            f"voice           : {sync.memory_usage(store.keys.voice_audio('alice'))} B audio "
+            f"+ {len(sync.hget(store.keys.voices, 'alice'))} B metadata"
+        )
+        print(
+            f"used_memory: empty {base / 1e6:.1f} MB; "
+            f"+{workers} workers {(after_workers - base) / 1e6:.1f} MB "
+            f"({(after_workers - base) / workers:.0f} B/worker); "
+            f"+{sessions} sessions {(after_sessions - after_workers) / 1e6:.1f} MB "
+            f"({(after_sessions - after_workers) / max(sessions, 1):.0f} B/session); "
+            f"+1 voice {(after_voice - after_sessions) / 1e6:.2f} MB"
+        )
         await store.close()
         sync.close()
 
