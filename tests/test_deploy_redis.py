@@ -314,3 +314,56 @@ async def test_multi_key_transactions_and_scripts_run_on_a_cluster(
                 await pipe.execute()
     finally:
         await cluster.aclose()
+
+
+# -- TLS (rediss://) against a real redis-server -------------------------------------------------
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (EC keys: fast to make)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=omni-test-ca")  # fmt: skip
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "1",
+            "-extfile", "san.ext")  # fmt: skip
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not on PATH")
+async def test_fleet_store_over_tls_with_a_verified_certificate(tmp_path: Path) -> None:
+    ca, cert, key = make_certificates(tmp_path)
+    tls_port = free_port()
+    tls = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+           "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]  # fmt: skip
+    # The plain port stays open only for RedisServer's readiness check; clients use TLS.
+    with RedisServer(password=PASSWORD, extra_args=tls):
+        secret = quote(PASSWORD, safe="")
+        url = f"rediss://:{secret}@127.0.0.1:{tls_port}/0?ssl_ca_certs={quote(str(ca))}"
+        store = FleetStore(connect(url), fleet="tls")
+        try:
+            await store.write_record(record("w1"), ttl_ms=5000)
+            assert list(await store.snapshot()) == ["w1"]
+        finally:
+            await store.close()
+
+        # Without the CA the server's certificate cannot be verified: a clear refusal.
+        unverified = FleetStore(connect(f"rediss://:{secret}@127.0.0.1:{tls_port}/0"))
+        try:
+            assert await unverified.ping() is False
+            with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+                await unverified.snapshot()
+        finally:
+            await unverified.close()
+        # Plain TCP on the TLS port gets no answer it can use.
+        plain = FleetStore(connect(f"redis://:{secret}@127.0.0.1:{tls_port}/0", timeout_s=0.5))
+        try:
+            assert await plain.ping() is False
+        finally:
+            await plain.close()
