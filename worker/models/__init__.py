@@ -1,0 +1,1 @@
+"""Model artefacts: checkpoints (real or seeded), tokenizers, component loading."""

@@ -1,0 +1,1 @@
+"""Pipeline runtime: coordinator, stage process host, transport, routing."""

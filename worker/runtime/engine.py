@@ -1,0 +1,465 @@
+"""PipelineEngine: the coordinator that implements ``worker.engine.Engine``.
+
+It launches one OS process per ``ProcessPlan`` of the node plan (stages of a process group
+share it), routes every message between stages along the request's ``Route`` (final payloads,
+stream chunks, fan-in), turns terminal outputs into engine events, and owns failure handling:
+a process that dies fails its in-flight requests at once with ``StageFailed`` and is restarted
+until its stages report ready again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.plan import NodePlan, ProcessPlan
+from planner.spec import ModelSpec, resolve_model_dir
+from worker.engine import (
+    AudioChunk,
+    EngineStatus,
+    Event,
+    Finished,
+    GenerationRequest,
+    ProgressCallback,
+    RequestKind,
+    StageFailed,
+    StageLoad,
+    TextDelta,
+)
+from worker.runtime import messages as m
+from worker.runtime.graph import REQUEST_INPUT, Route, route
+from worker.runtime.host import HostConfig
+from worker.runtime.process import StageProcess
+from worker.runtime.transport import pack, refs, release, unpack
+from worker.stages import base as out_kind
+from worker.stages.base import RequestMeta
+
+log = logging.getLogger("omni.worker.runtime")
+
+START_TIMEOUT = 600.0  # seconds for every stage to load and warm up
+RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: str
+    replica: _Replica
+    route: Route
+    metas: dict[str, RequestMeta]
+    queue: asyncio.Queue
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+    buffered: dict[str, list[tuple]] = field(default_factory=dict)
+    terminals_left: set[str] = field(default_factory=set)
+    info: dict[str, dict] = field(default_factory=dict)
+    shm: set[str] = field(default_factory=set)
+    closed: bool = False
+
+
+@dataclass(eq=False)
+class _Replica:
+    index: int
+    plans: dict[str, ProcessPlan]  # process group -> plan
+    stage_group: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, StageProcess] = field(default_factory=dict)
+    down: dict[str, str] = field(default_factory=dict)  # group -> why
+    load: dict[str, tuple[int, float]] = field(default_factory=dict)
+    requests: dict[str, _Request] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.down and all(p.all_ready for p in self.procs.values())
+
+
+class PipelineEngine:
+    def __init__(
+        self, spec: ModelSpec, spec_path: Path, node_plan: NodePlan, cache_dir: Path
+    ) -> None:
+        self.spec = spec
+        self.spec_path = Path(spec_path)
+        self.node_plan = node_plan
+        self.cache_dir = Path(cache_dir)
+        self._spec_json = spec.model_dump_json()
+        self._routes: dict[frozenset[str], Route] = {}
+        self._ids = itertools.count()
+        self._replicas: list[_Replica] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._progress: ProgressCallback = lambda _msg: None
+        self._checkpoint: Path | None = None
+        self._started = False
+        self._stopping = False
+        self._fatal: str | None = None
+        self._changed: asyncio.Event = None  # type: ignore[assignment]  # made in start()
+        self._restarts: set[asyncio.Task] = set()
+        self._speakers = _read_speakers(spec, self.spec_path)
+        cpu_procs = sum(1 for p in node_plan.processes if p.device == "cpu") or 1
+        self._threads = int(os.environ.get("OMNI_STAGE_THREADS", 0)) or max(
+            1, (os.cpu_count() or 1) // cpu_procs
+        )
+
+    # ---- Engine protocol -------------------------------------------------------------------
+    async def start(self, progress: ProgressCallback) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._progress = progress
+        self._changed = asyncio.Event()
+        progress(f"preparing weights for {self.spec.name}")
+        self._checkpoint = await asyncio.to_thread(
+            _resolve_checkpoint, self.spec, self.spec_path, self.cache_dir, progress
+        )
+        by_replica: dict[int, dict[str, ProcessPlan]] = {}
+        for pp in self.node_plan.processes:
+            by_replica.setdefault(pp.replica, {})[pp.group] = pp
+        for index in sorted(by_replica):
+            rep = _Replica(index, by_replica[index])
+            for group, pp in rep.plans.items():
+                for sp in pp.stages:
+                    rep.stage_group[sp.stage] = group
+            missing = set(self.spec.stages) - set(rep.stage_group)
+            if missing:
+                raise ValueError(f"replica {index} of the plan lacks stages {sorted(missing)}")
+            self._replicas.append(rep)
+        if not self._replicas:
+            raise ValueError("the node plan has no processes")
+        progress(f"launching {len(self.node_plan.processes)} stage processes")
+        for rep in self._replicas:
+            for group in rep.plans:
+                await self._spawn(rep, group)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not all(r.healthy for r in self._replicas):
+            if self._fatal:
+                await self.stop()
+                raise RuntimeError(f"a stage failed to start:\n{self._fatal}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                await self.stop()
+                raise TimeoutError(f"stages not ready after {START_TIMEOUT:.0f} s")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
+        self._started = True
+        progress("all stages ready")
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        return self._generate(request)
+
+    def status(self) -> EngineStatus:
+        stages: dict[str, StageLoad] = {}
+        for name in self.spec.stages:
+            loads = [r.load.get(name, (0, 0.0)) for r in self._replicas]
+            depth = sum(d for d, _ in loads)
+            busy = sum(b for _, b in loads) / len(loads) if loads else 0.0
+            stages[name] = StageLoad(queue_depth=depth, busy=round(busy, 4))
+        healthy = bool(self._replicas) and all(r.healthy for r in self._replicas)
+        ready = self._started and not self._stopping and any(r.healthy for r in self._replicas)
+        detail = "; ".join(
+            f"replica {r.index}: restarting process group {g} ({why})"
+            for r in self._replicas
+            for g, why in r.down.items()
+        )
+        if not self._started:
+            detail = detail or "starting"
+        if self._stopping:
+            detail = "stopped"
+        return EngineStatus(ready=ready, healthy=healthy, stages=stages, detail=detail)
+
+    def speakers(self) -> list[str]:
+        return list(self._speakers)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._restarts):
+            task.cancel()
+        for rep in self._replicas:
+            for req in list(rep.requests.values()):
+                self._fail(req, StageFailed("the engine is stopping"))
+        procs = [p for rep in self._replicas for p in rep.procs.values()]
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+
+    # ---- test and diagnostics hooks --------------------------------------------------------
+    def process_pids(self) -> dict[str, int | None]:
+        """Process name (``<replica>/<group>``) -> OS pid."""
+        return {p.name: p.pid for rep in self._replicas for p in rep.procs.values()}
+
+    def in_flight(self) -> int:
+        return sum(len(r.requests) for r in self._replicas)
+
+    # ---- requests --------------------------------------------------------------------------
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        req = self._submit(request)
+        try:
+            while True:
+                ev = await req.queue.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                yield ev
+                if isinstance(ev, Finished):
+                    return
+        finally:
+            if not req.closed:
+                self._close(req, abort=True)
+
+    def _submit(self, request: GenerationRequest) -> _Request:
+        if not self._started or self._stopping:
+            raise StageFailed("the engine is not running")
+        healthy = [r for r in self._replicas if r.healthy]
+        if not healthy:
+            raise StageFailed(f"no healthy pipeline: {self.status().detail}")
+        rep = min(healthy, key=lambda r: len(r.requests))
+        outputs = _outputs(request)
+        rt = self._routes.get(outputs)
+        if rt is None:
+            rt = self._routes[outputs] = route(self.spec, outputs)
+        rid = f"{request.request_id or 'req'}#{next(self._ids)}"
+        metas = {
+            s: RequestMeta(
+                kind=str(request.kind),
+                outputs=outputs,
+                max_tokens=request.max_tokens,
+                voice=request.voice,
+                stream_targets=rt.stream_targets[s],
+            )
+            for s in rt.active
+        }
+        req = _Request(rid, rep, rt, metas, asyncio.Queue())
+        req.terminals_left = set(rt.terminals)
+        payload = pack(
+            {
+                "kind": str(request.kind),
+                "messages": request.messages,
+                "text": request.text,
+                "audio": request.audio,
+                "voice": request.voice,
+                "voice_audio": request.voice_audio,
+                "max_tokens": request.max_tokens,
+                "output_audio": "audio" in outputs,
+            }
+        )
+        req.shm.update(refs(payload))
+        rep.requests[rid] = req
+        req.inputs.setdefault(self.spec.entry, {})[REQUEST_INPUT] = payload
+        for stage in rt.active:
+            self._maybe_start(req, stage)
+        return req
+
+    def _maybe_start(self, req: _Request, stage: str) -> None:
+        if stage in req.started:
+            return
+        have = req.inputs.get(stage, {})
+        if not req.route.required[stage] <= set(have):
+            return
+        req.started.add(stage)
+        self._send(req, stage, (m.START, stage, req.rid, req.metas[stage], have))
+        for msg in req.buffered.pop(stage, []):
+            self._send(req, stage, msg)
+
+    def _deliver(self, req: _Request, stage: str, msg: tuple) -> None:
+        if stage in req.started:
+            self._send(req, stage, msg)
+        else:
+            req.buffered.setdefault(stage, []).append(msg)
+
+    def _send(self, req: _Request, stage: str, msg: tuple) -> None:
+        rep = req.replica
+        rep.procs[rep.stage_group[stage]].send(msg)
+
+    def _finish(self, req: _Request) -> None:
+        info = self._summary(req)
+        req.queue.put_nowait(
+            Finished(
+                finish_reason=info.get("finish_reason", "stop"),
+                prompt_tokens=int(info.get("prompt_tokens", 0)),
+                completion_tokens=int(info.get("completion_tokens", 0)),
+            )
+        )
+        self._close(req, abort=False)
+
+    def _summary(self, req: _Request) -> dict:
+        # the first stage in spec order that reported token counts (the thinker)
+        for stage in req.route.active:
+            if "completion_tokens" in req.info.get(stage, {}):
+                return req.info[stage]
+        return next(iter(req.info.values()), {})
+
+    def _fail(self, req: _Request, exc: StageFailed) -> None:
+        if req.closed:
+            return
+        req.queue.put_nowait(exc)
+        self._close(req, abort=True)
+
+    def _close(self, req: _Request, abort: bool) -> None:
+        if req.closed:
+            return
+        req.closed = True
+        rep = req.replica
+        rep.requests.pop(req.rid, None)
+        if abort:
+            groups = {rep.stage_group[s] for s in req.route.active}
+            for g in groups:
+                if g in rep.procs and g not in rep.down:
+                    rep.procs[g].send((m.ABORT, req.rid))
+        release(req.shm)
+        req.shm.clear()
+
+    # ---- messages from stage processes (on the event loop) ---------------------------------
+    def _on_messages(self, rep: _Replica, proc: StageProcess, msgs: list[tuple]) -> None:
+        for msg in msgs:
+            kind = msg[0]
+            if kind == m.LOAD:
+                rep.load.update(msg[1])
+            elif kind == m.PROGRESS:
+                self._progress(msg[1])
+            elif kind == m.READY:
+                proc.ready.add(msg[1])
+                self._progress(f"{proc.name}: {msg[1]} ready")
+                self._changed.set()
+            elif kind == m.FATAL:
+                log.error("stage process %s failed to load:\n%s", proc.name, msg[1])
+                if not self._started:
+                    self._fatal = f"{proc.name}: {msg[1]}"
+                    self._changed.set()
+            else:
+                self._route(rep, msg)
+
+    def _route(self, rep: _Replica, msg: tuple) -> None:
+        kind, stage, rid, payload = msg
+        req = rep.requests.get(rid)
+        if req is None:  # late output of an aborted or failed request
+            release(refs(payload))
+            return
+        req.shm.update(refs(payload))
+        rt = req.route
+        if kind == out_kind.FINAL:
+            for t in rt.next_targets[stage]:
+                req.inputs.setdefault(t, {})[stage] = payload
+                self._maybe_start(req, t)
+        elif kind == out_kind.CHUNK:
+            for t in rt.stream_targets[stage]:
+                self._deliver(req, t, (m.CHUNK, t, rid, stage, payload))
+        elif kind == out_kind.END:
+            req.info[stage] = payload
+            for t in rt.stream_targets[stage]:
+                self._deliver(req, t, (m.END, t, rid, stage, payload))
+        elif kind == out_kind.OUT:
+            what, data = payload
+            if what == "text":
+                req.queue.put_nowait(TextDelta(data))
+            else:
+                names = refs(data)
+                pcm = unpack(data, unlink=True)
+                req.shm.difference_update(names)
+                req.queue.put_nowait(AudioChunk(pcm.astype("<i2", copy=False).tobytes()))
+        elif kind == out_kind.DONE:
+            req.info.setdefault(stage, payload)
+            req.terminals_left.discard(stage)
+            if not req.terminals_left:
+                self._finish(req)
+        elif kind == out_kind.ERROR:
+            self._fail(req, StageFailed(str(payload)))
+
+    # ---- process lifecycle -----------------------------------------------------------------
+    async def _spawn(self, rep: _Replica, group: str) -> None:
+        pp = rep.plans[group]
+        assert self._checkpoint is not None
+        cfg = HostConfig(
+            process=pp.name,
+            spec_json=self._spec_json,
+            checkpoint=str(self._checkpoint),
+            stages=[sp.stage for sp in pp.stages],
+            device="cpu" if pp.device == "cpu" else "cuda:0",
+            env=dict(pp.env),
+            threads=self._threads,
+            max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
+        )
+        loop = self._loop
+        assert loop is not None
+        holder: dict[str, StageProcess] = {}
+
+        def on_messages(msgs: list[tuple]) -> None:
+            loop.call_soon_threadsafe(self._on_messages, rep, holder["p"], msgs)
+
+        def on_exit(code: int | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_exit, rep, group, holder["p"], code)
+
+        proc = await asyncio.to_thread(StageProcess, cfg, on_messages, on_exit)
+        holder["p"] = proc
+        rep.procs[group] = proc
+
+    def _on_exit(self, rep: _Replica, group: str, proc: StageProcess, code: int | None) -> None:
+        proc.close()
+        if self._stopping or rep.procs.get(group) is not proc:
+            return
+        why = f"process {proc.name} (pid {proc.pid}) exited with code {code}"
+        log.error("stage %s", why)
+        if not self._started:
+            self._fatal = self._fatal or why
+            self._changed.set()
+            return
+        rep.down[group] = why
+        stages = {sp.stage for sp in rep.plans[group].stages}
+        for s in stages:
+            rep.load[s] = (0, 0.0)
+        for req in list(rep.requests.values()):
+            if stages & set(req.route.active):
+                self._fail(req, StageFailed(f"stage {'/'.join(sorted(stages))} failed: {why}"))
+        task = asyncio.ensure_future(self._restart(rep, group))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, rep: _Replica, group: str) -> None:
+        for attempt in itertools.count():
+            if self._stopping:
+                return
+            self._progress(f"restarting process group {group} (attempt {attempt + 1})")
+            await self._spawn(rep, group)
+            proc = rep.procs[group]
+            while proc.proc.is_alive() and not proc.all_ready and not self._stopping:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.5)
+            if proc.all_ready:
+                rep.down.pop(group, None)
+                self._progress(f"process group {group} is ready again")
+                return
+            await asyncio.sleep(RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)])
+
+
+def _outputs(request: GenerationRequest) -> frozenset[str]:
+    if request.kind == RequestKind.SPEECH:
+        return frozenset({"audio"})
+    if request.kind == RequestKind.TRANSCRIPTION:
+        return frozenset({"text"})
+    return frozenset({"text", "audio"}) if request.output_audio else frozenset({"text"})
+
+
+def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progress: Any) -> Path:
+    from worker.models.checkpoint import resolve_checkpoint
+
+    return resolve_checkpoint(spec, spec_path, cache_dir, log=progress)
+
+
+def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
+    """Built-in voices: ``speaker_id`` of any component config (as Qwen3-Omni's talker has)."""
+    root = resolve_model_dir(spec, spec_path)
+    names: list[str] = []
+    for stage in spec.stages.values():
+        if stage.component is None:
+            continue
+        path = root / stage.component.config_dir / "config.json"
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for name in cfg.get("speaker_id") or {}:
+            if name not in names:
+                names.append(name)
+    return names

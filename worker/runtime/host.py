@@ -1,0 +1,154 @@
+"""The stage process: loads its stages' executors and drives them from the coordinator's queue.
+
+Deliberately imports nothing heavy at module level: the process applies its plan's environment
+(``CUDA_VISIBLE_DEVICES``, thread counts) before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.runtime import messages as m
+
+LOAD_INTERVAL = 0.1  # seconds between load reports
+IDLE_WAIT = 0.05
+
+
+@dataclass(slots=True)
+class HostConfig:
+    process: str
+    spec_json: str
+    checkpoint: str
+    stages: list[str]
+    device: str  # torch device
+    env: dict[str, str] = field(default_factory=dict)
+    threads: int = 1
+    max_running: dict[str, int] = field(default_factory=dict)
+
+
+class _Busy:
+    """Fraction of recent wall time spent in ``step`` (exponential decay, ~1 s)."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.last = time.monotonic()
+        self.acc = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.acc += seconds
+
+    def sample(self) -> float:
+        now = time.monotonic()
+        dt = max(now - self.last, 1e-6)
+        frac = min(1.0, self.acc / dt)
+        alpha = min(1.0, dt / 1.0)
+        self.value += alpha * (frac - self.value)
+        self.acc, self.last = 0.0, now
+        return self.value
+
+
+def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
+    os.environ.update(cfg.env)
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        executors = _load(cfg, outbox)
+    except Exception:
+        outbox.send([(m.FATAL, traceback.format_exc())])
+        return
+    _serve(executors, inbox, outbox)
+
+
+def _load(cfg: HostConfig, outbox: Any) -> dict[str, Any]:
+    import torch
+
+    from planner.spec import ModelSpec
+    from worker.stages.base import StageContext
+    from worker.stages.registry import make_executor
+
+    torch.set_num_threads(cfg.threads)
+    spec = ModelSpec.model_validate_json(cfg.spec_json)
+    executors: dict[str, Any] = {}
+    for name in cfg.stages:
+        stage = spec.stages[name]
+        ctx = StageContext(
+            name=name,
+            spec=spec,
+            stage=stage,
+            checkpoint=Path(cfg.checkpoint),
+            device=cfg.device,
+            max_running_requests=cfg.max_running.get(name) or stage.engine.max_running_requests,
+        )
+        outbox.send([(m.PROGRESS, f"{cfg.process}: loading {name}")])
+        ex = make_executor(ctx)
+        ex.load()
+        outbox.send([(m.PROGRESS, f"{cfg.process}: warming up {name}")])
+        ex.warmup()
+        executors[name] = ex
+    outbox.send([(m.READY, name) for name in executors])
+    return executors
+
+
+def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
+    from worker.runtime.transport import pack, unpack
+    from worker.stages.base import ERROR, RequestMeta
+
+    busy = {name: _Busy() for name in executors}
+    last_load = 0.0
+    while True:
+        now = time.monotonic()
+        deadlines = [d for d in (ex.next_deadline() for ex in executors.values()) if d is not None]
+        timeout = IDLE_WAIT if not deadlines else max(0.0, min(deadlines) - now)
+        msgs = []
+        try:
+            msgs.append(inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait())
+            while True:
+                msgs.append(inbox.get_nowait())
+        except queue.Empty:
+            pass
+        outs: list[tuple] = []
+        for msg in msgs:
+            kind = msg[0]
+            if kind == m.STOP:
+                return
+            if kind == m.ABORT:
+                for ex in executors.values():
+                    ex.abort(msg[1])
+                continue
+            stage, rid = msg[1], msg[2]
+            ex = executors[stage]
+            try:
+                if kind == m.START:
+                    meta: RequestMeta = msg[3]
+                    ex.start(rid, meta, unpack(msg[4]))
+                elif kind == m.CHUNK:
+                    ex.feed(rid, msg[3], unpack(msg[4]))
+                elif kind == m.END:
+                    ex.end_stream(rid, msg[3], msg[4])
+            except FileNotFoundError:
+                ex.abort(rid)  # its shared memory was released: the request was aborted
+            except Exception as exc:
+                ex.abort(rid)
+                outs.append((ERROR, stage, rid, f"{stage}: {exc}"))
+        for name, ex in executors.items():
+            d = ex.next_deadline()
+            if d is None or d > time.monotonic():
+                continue
+            t0 = time.perf_counter()
+            produced = ex.step()
+            busy[name].add(time.perf_counter() - t0)
+            for kind, rid, payload in produced:
+                outs.append((kind, name, rid, pack(payload)))
+        now = time.monotonic()
+        if now - last_load >= LOAD_INTERVAL:
+            last_load = now
+            load = {n: (ex.queue_depth(), busy[n].sample()) for n, ex in executors.items()}
+            outs.append((m.LOAD, load))
+        if outs:
+            outbox.send(outs)

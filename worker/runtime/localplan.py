@@ -1,0 +1,34 @@
+"""A minimal node plan for CPU-only pipelines: one replica, one process per process group.
+
+The planner (``planner.api.plan_spec``) is the real source of plans; this stands in where a
+plan is needed without GPUs or memory accounting (tests, benchmarks, a CPU-only fallback).
+"""
+
+from __future__ import annotations
+
+from planner.plan import NodePlan, ProcessPlan, ReplicaPlan, StagePlacement
+from planner.spec import ModelSpec
+
+
+def cpu_node_plan(spec: ModelSpec, node: str = "local") -> NodePlan:
+    processes = [
+        ProcessPlan(
+            name=f"0/{group}",
+            group=group,
+            replica=0,
+            stages=[
+                StagePlacement(
+                    stage=s, max_running_requests=spec.stages[s].engine.max_running_requests
+                )
+                for s in stages
+            ],
+            device="cpu",
+        )
+        for group, stages in spec.process_groups().items()
+    ]
+    return NodePlan(
+        node=node,
+        gpus=[],
+        replicas=[ReplicaPlan(index=0, gpus=[], processes=[p.name for p in processes])],
+        processes=processes,
+    )

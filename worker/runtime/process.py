@@ -1,0 +1,94 @@
+"""One stage process as seen from the coordinator: spawn, send, receive, notice death."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+from worker.runtime import messages as m
+from worker.runtime.host import HostConfig, host_main
+
+_CTX = mp.get_context("spawn")
+
+
+class StageProcess:
+    """Spawns ``host_main`` and pumps its messages into ``on_messages`` from a reader thread;
+    ``on_exit(exitcode)`` is called once when the process is gone (and its pipe drained)."""
+
+    def __init__(
+        self,
+        cfg: HostConfig,
+        on_messages: Callable[[list[tuple]], None],
+        on_exit: Callable[[int | None], None],
+    ) -> None:
+        self.cfg = cfg
+        self.name = cfg.process
+        self.stages = list(cfg.stages)
+        self.ready: set[str] = set()
+        self.inbox = _CTX.Queue()
+        self._recv, send = _CTX.Pipe(duplex=False)
+        self.proc = _CTX.Process(
+            target=host_main, args=(cfg, self.inbox, send), name=f"omni-stage:{cfg.process}"
+        )
+        self.proc.daemon = True
+        self.proc.start()
+        send.close()  # the child holds the only write end: EOF on our side means it is gone
+        self._on_messages, self._on_exit = on_messages, on_exit
+        self._thread = threading.Thread(target=self._read, name=f"reader:{self.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    @property
+    def all_ready(self) -> bool:
+        return self.ready >= set(self.stages)
+
+    def send(self, msg: tuple) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed after the process died
+            self.inbox.put(msg)
+
+    def _read(self) -> None:
+        while True:
+            ready = wait([self._recv, self.proc.sentinel])
+            if self._recv in ready:
+                try:
+                    msgs = self._recv.recv()
+                except (EOFError, OSError):
+                    break
+                self._on_messages(msgs)
+            elif self.proc.sentinel in ready:
+                # drain what the process sent before it died, then report
+                while self._recv.poll():
+                    try:
+                        self._on_messages(self._recv.recv())
+                    except (EOFError, OSError):
+                        break
+                break
+        self.proc.join(timeout=5)
+        self._on_exit(self.proc.exitcode)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.send((m.STOP,))
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(2)
+        self.close()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def close(self) -> None:
+        self.inbox.cancel_join_thread()
+        self.inbox.close()
+
+
+def spawn(cfg: HostConfig, on_messages: Any, on_exit: Any) -> StageProcess:
+    return StageProcess(cfg, on_messages, on_exit)

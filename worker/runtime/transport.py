@@ -1,0 +1,98 @@
+"""Moving payloads between processes: large arrays through shared memory, not pickled pipes.
+
+``pack`` replaces every numpy array of at least ``SHM_THRESHOLD`` bytes inside a payload (nested
+dicts/lists/tuples) with a ``ShmRef`` to a fresh POSIX shared-memory segment; the pickled
+message stays small. The receiver's ``unpack`` copies the data out. The coordinator
+sees every message (it routes them) and owns the segments' lifetime: it unlinks a request's
+segments when the request finishes, fails or is aborted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+SHM_THRESHOLD = 16 * 1024  # bytes; smaller arrays are cheaper to pickle
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _to_shm(arr: np.ndarray) -> ShmRef:
+    arr = np.ascontiguousarray(arr)
+    name = f"omni_{secrets.token_hex(8)}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=max(arr.nbytes, 1))
+    try:
+        np.ndarray(arr.shape, arr.dtype, buffer=shm.buf)[...] = arr
+    finally:
+        shm.close()
+    return ShmRef(name, tuple(arr.shape), arr.dtype.str)
+
+
+def _from_shm(ref: ShmRef, unlink: bool) -> np.ndarray:
+    shm = shared_memory.SharedMemory(name=ref.name)
+    try:
+        out = np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=shm.buf).copy()
+    finally:
+        shm.close()
+        if unlink:
+            shm.unlink()
+    return out
+
+
+def pack(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _to_shm(obj) if obj.nbytes >= SHM_THRESHOLD else obj
+    if isinstance(obj, dict):
+        return {k: pack(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(pack(v) for v in obj)
+    return obj
+
+
+def unpack(obj: Any, unlink: bool = False) -> Any:
+    """Copy shared arrays back into the payload. Segments are unlinked by their owner (the
+    coordinator, at the end of the request) unless ``unlink``: one payload may go to several
+    stages."""
+    if isinstance(obj, ShmRef):
+        return _from_shm(obj, unlink)
+    if isinstance(obj, dict):
+        return {k: unpack(v, unlink) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(unpack(v, unlink) for v in obj)
+    return obj
+
+
+def refs(obj: Any, out: list[str] | None = None) -> list[str]:
+    """Names of the shared-memory segments a payload points at."""
+    out = [] if out is None else out
+    if isinstance(obj, ShmRef):
+        out.append(obj.name)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            refs(v, out)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            refs(v, out)
+    return out
+
+
+def release(names: list[str] | set[str]) -> None:
+    """Unlink segments whose receiver never read them (abort, failure); already gone is fine."""
+    for name in names:
+        try:
+            shm = shared_memory.SharedMemory(name=name)
+        except FileNotFoundError:
+            continue
+        shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()

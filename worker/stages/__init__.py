@@ -1,0 +1,1 @@
+"""Stage executors: what one stage of the pipeline computes, behind one interface."""

@@ -1,0 +1,374 @@
+"""Autoregressive stages (thinker, talker) on transformers, batched at the step level.
+
+Every ``step`` first prefills newly started requests one by one (each yields its first token at
+once and joins the batch), then runs ONE batched decode step for all running requests, so a new
+request never waits for the running ones to finish. Greedy decoding (argmax) with the
+checkpoint's ``generation_config.json`` ``suppress_tokens``/``eos_token_id``: the same request
+gives the same tokens on every worker.
+
+What a request feeds the model is a ``Program``: ``TextProgram`` (thinker: a prompt, optional
+audio embeddings spliced in at the audio placeholder, streams tokens + hidden states) or
+``CodecProgram`` (talker: a speaker prefix, then per frame the previous codec code's embedding
+plus the thinker's hidden state for the text position, streamed in while the thinker runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from worker.stages.base import CHUNK, DONE, END, ERROR, Output, RequestMeta, StageExecutor
+from worker.stages.kvbatch import KVBatch
+
+
+@dataclass(slots=True)
+class ARRequest:
+    rid: str
+    meta: RequestMeta
+    max_new: int
+    pos: int = 0  # position id of the next input
+    generated: int = 0
+    last: int = -1  # last generated token/code
+    want_hidden: bool = False
+    # text program
+    prompt: list[int] = field(default_factory=list)
+    audio: np.ndarray | None = None
+    forced: bool = False
+    # codec program
+    speaker: np.ndarray | None = None
+    conds: list[np.ndarray] = field(default_factory=list)
+    stream_ended: bool = False
+    upstream_info: dict[str, Any] = field(default_factory=dict)
+
+
+class AutoregressiveExecutor(StageExecutor):
+    def load(self) -> None:
+        import torch
+
+        from worker.models.checkpoint import load_component
+
+        self.torch = torch
+        comp = self.ctx.stage.component
+        assert comp is not None, f"stage {self.ctx.name} needs a component"
+        self.model = load_component(
+            self.ctx.checkpoint, comp.config_dir, comp.module, self.ctx.stage.dtype, self.ctx.device
+        )
+        self.config = self.model.config
+        self.embed = self.model.get_input_embeddings()
+        gen_path = self.ctx.component_dir() / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        eos = gen.get("eos_token_id", getattr(self.config, "eos_token_id", None))
+        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.ctx.device)
+        for t in gen.get("suppress_tokens") or []:
+            if t < vocab:
+                self.suppress[t] = True
+        streamed_into = any(self.ctx.name in s.stream_to for s in self.ctx.spec.stages.values())
+        self.program: Program = CodecProgram(self) if streamed_into else TextProgram(self)
+        self.engine = self.ctx.stage.engine
+        self.pending: list[ARRequest] = []
+        self.running: dict[str, ARRequest] = {}
+        self.batch = KVBatch()
+
+    def warmup(self) -> None:
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model(inputs_embeds=self.embed(torch.tensor([[0, 1, 2]])), use_cache=True)
+            self.model(
+                inputs_embeds=self.embed(torch.tensor([[3]])),
+                cache=out.past_key_values,
+                use_cache=True,
+            )
+
+    # ---- interface -------------------------------------------------------------------------
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.pending.append(self.program.new(rid, meta, inputs))
+
+    def feed(self, rid: str, src: str, data: Any) -> None:
+        r = self._find(rid)
+        if r is not None:
+            self.program.feed(r, data)
+
+    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
+        r = self._find(rid)
+        if r is not None:
+            r.stream_ended = True
+            r.upstream_info.update(info)
+
+    def abort(self, rid: str) -> None:
+        self.pending = [r for r in self.pending if r.rid != rid]
+        if self.running.pop(rid, None) is not None:
+            self.batch.leave({rid})
+
+    def next_deadline(self) -> float | None:
+        if self.pending and len(self.running) < self.ctx.max_running_requests:
+            return 0.0
+        if any(self.program.ready(r) or self.program.finished(r) for r in self.running.values()):
+            return 0.0
+        return None
+
+    def queue_depth(self) -> int:
+        return len(self.pending) + len(self.running)
+
+    def step(self) -> list[Output]:
+        outs: list[Output] = []
+        with self.torch.inference_mode():
+            while self.pending and len(self.running) < self.ctx.max_running_requests:
+                r = self.pending.pop(0)
+                try:
+                    outs += self._prefill(r)
+                except ValueError as exc:
+                    outs.append((ERROR, r.rid, str(exc)))
+            outs += self._decode()
+        return outs
+
+    # ---- internals -------------------------------------------------------------------------
+    def _find(self, rid: str) -> ARRequest | None:
+        r = self.running.get(rid)
+        if r is None:
+            r = next((p for p in self.pending if p.rid == rid), None)
+        return r
+
+    def _pick(self, logits: Any) -> list[int]:
+        logits = logits.float().masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
+        return logits.argmax(dim=-1).tolist()
+
+    def _prefill(self, r: ARRequest) -> list[Output]:
+        embeds = self.program.prefill_embeds(r)
+        out = self.model(inputs_embeds=embeds, use_cache=True, output_hidden_states=r.want_hidden)
+        hidden = out.hidden_states[-1][0] if r.want_hidden else None
+        r.pos = embeds.shape[1]
+        outs = self.program.after_prefill(r, out.logits[0, -1:], hidden)
+        if r.rid in self.running:  # the program keeps it for decode steps
+            self.batch.join(r.rid, out.past_key_values, r.pos)
+        return outs
+
+    def _decode(self) -> list[Output]:
+        torch = self.torch
+        outs: list[Output] = []
+        finished = {rid for rid, r in self.running.items() if self.program.finished(r)}
+        for rid in finished:
+            outs += self.program.finish(self.running.pop(rid))
+        if finished:
+            self.batch.leave(finished)
+        rows = [self.running[rid] for rid in self.batch.rids]
+        valid = [self.program.ready(r) for r in rows]
+        if not any(valid):
+            return outs
+        embeds = torch.cat(
+            [
+                self.program.step_embeds(r) if v else self._bubble()
+                for r, v in zip(rows, valid, strict=False)
+            ]
+        )
+        positions = torch.tensor([r.pos for r in rows], device=embeds.device)
+        want_hidden = any(r.want_hidden for r in rows)
+        logits, hidden = self.batch.step(
+            self.model, embeds, torch.tensor(valid, device=embeds.device), positions, want_hidden
+        )
+        tokens = self._pick(logits)
+        done: set[str] = set()
+        for i, (r, v) in enumerate(zip(rows, valid, strict=False)):
+            if not v:
+                continue
+            r.pos += 1
+            h = hidden[i] if hidden is not None and r.want_hidden else None
+            outs += self.program.on_token(r, tokens[i], h)
+            if r.rid not in self.running:
+                done.add(r.rid)
+        if done:
+            self.batch.leave(done)
+        return outs
+
+    def _bubble(self) -> Any:
+        return self.embed.weight.new_zeros(1, 1, self.embed.weight.shape[1])
+
+
+class Program:
+    def __init__(self, ex: AutoregressiveExecutor) -> None:
+        self.ex = ex
+
+    def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest: ...
+    def feed(self, r: ARRequest, data: Any) -> None:
+        raise RuntimeError("no stream input expected")
+
+    def prefill_embeds(self, r: ARRequest) -> Any: ...
+    def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]: ...
+    def ready(self, r: ARRequest) -> bool:
+        return True
+
+    def finished(self, r: ARRequest) -> bool:
+        return False
+
+    def finish(self, r: ARRequest) -> list[Output]:
+        return []
+
+    def step_embeds(self, r: ARRequest) -> Any: ...
+    def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]: ...
+
+
+def _np(t: Any) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+class TextProgram(Program):
+    """Thinker: prompt (+ audio embeddings) -> streamed tokens (+ hidden states for a talker)."""
+
+    def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest:
+        (payload,) = inputs.values()
+        eng = self.ex.engine
+        limit = (
+            eng.max_new_tokens
+            if meta.max_tokens is None
+            else min(meta.max_tokens, eng.max_new_tokens)
+        )
+        return ARRequest(
+            rid,
+            meta,
+            max_new=max(1, limit),
+            prompt=list(payload["input_ids"]),
+            audio=payload.get("audio_embeds"),
+            forced=payload.get("mode") == "forced",
+            want_hidden="audio" in meta.outputs,
+        )
+
+    def prefill_embeds(self, r: ARRequest) -> Any:
+        torch = self.ex.torch
+        ids = torch.tensor([r.prompt], device=self.ex.ctx.device)
+        embeds = self.ex.embed(ids)
+        audio_id = getattr(self.ex.config, "audio_token_id", None)
+        if r.audio is not None:
+            where = [i for i, t in enumerate(r.prompt) if t == audio_id]
+            if audio_id is None or not where:
+                raise ValueError(f"stage {self.ex.ctx.name}: the prompt has no audio placeholder")
+            at = where[0]
+            audio = torch.from_numpy(np.asarray(r.audio)).to(embeds.device, embeds.dtype)
+            embeds = torch.cat([embeds[:, :at], audio[None], embeds[:, at + 1 :]], dim=1)
+        room = self.ex.engine.context_length - embeds.shape[1]
+        if room <= 0 and not r.forced:
+            raise ValueError(
+                f"prompt of {embeds.shape[1]} tokens exceeds the context length "
+                f"{self.ex.engine.context_length}"
+            )
+        r.max_new = min(r.max_new, max(room, 1))
+        return embeds
+
+    def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
+        if r.forced:  # speech: encode the given text, generate nothing
+            data = {"tokens": r.prompt, "hidden": _np(hidden) if hidden is not None else None}
+            info = self._info(r, "stop")
+            return [(CHUNK, r.rid, data), (END, r.rid, info), (DONE, r.rid, info)]
+        self.ex.running[r.rid] = r
+        return self.on_token(
+            r, self.ex._pick(logits)[0], hidden[-1] if hidden is not None else None
+        )
+
+    def step_embeds(self, r: ARRequest) -> Any:
+        return self.ex.embed(self.ex.torch.tensor([[r.last]], device=self.ex.ctx.device))
+
+    def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]:
+        if token in self.ex.eos:
+            return self._stop(r, "stop")
+        r.generated += 1
+        r.last = token
+        data = {"tokens": [token], "hidden": _np(hidden)[None] if hidden is not None else None}
+        outs: list[Output] = [(CHUNK, r.rid, data)]
+        if r.generated >= r.max_new:
+            outs += self._stop(r, "length")
+        return outs
+
+    def _stop(self, r: ARRequest, reason: str) -> list[Output]:
+        self.ex.running.pop(r.rid, None)
+        info = self._info(r, reason)
+        return [(END, r.rid, info), (DONE, r.rid, info)]
+
+    def _info(self, r: ARRequest, reason: str) -> dict[str, Any]:
+        return {
+            "finish_reason": reason,
+            "prompt_tokens": r.pos if r.forced else len(r.prompt),
+            "completion_tokens": r.generated,
+        }
+
+
+class CodecProgram(Program):
+    """Talker: speaker prefix, then ``frames_per_token`` codec frames per streamed thinker state."""
+
+    def __init__(self, ex: AutoregressiveExecutor) -> None:
+        super().__init__(ex)
+        cfg = ex.config
+        self.speakers: dict[str, int] = dict(getattr(cfg, "speaker_id", None) or {})
+        self.bos = int(getattr(cfg, "codec_bos_id", 0))
+        self.fpt = int(getattr(cfg, "frames_per_token", 1))
+
+    def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest:
+        payload: dict[str, Any] = {}
+        for p in inputs.values():
+            payload.update(p)
+        eng = self.ex.engine
+        r = ARRequest(rid, meta, max_new=eng.max_new_tokens, last=self.bos)
+        r.speaker = payload.get("speaker_embed")
+        voice = meta.voice or payload.get("voice")
+        if r.speaker is None:
+            name = (voice or next(iter(self.speakers), "")).lower()
+            if name not in self.speakers:
+                r.upstream_info["error"] = (
+                    f"unknown voice {voice!r}; built-in: {sorted(self.speakers)}"
+                )
+            else:
+                r.speaker = self.speakers[name]
+        return r
+
+    def feed(self, r: ARRequest, data: Any) -> None:
+        hidden = data.get("hidden")
+        if hidden is None:
+            raise ValueError(f"stage {self.ex.ctx.name}: upstream sent no hidden states")
+        r.conds.extend(np.asarray(hidden, dtype=np.float32))
+
+    def prefill_embeds(self, r: ARRequest) -> Any:
+        torch = self.ex.torch
+        if "error" in r.upstream_info:
+            raise ValueError(r.upstream_info.pop("error"))
+        if isinstance(r.speaker, int):
+            return self.ex.embed(torch.tensor([[r.speaker]], device=self.ex.ctx.device))
+        vec = torch.from_numpy(np.asarray(r.speaker, dtype=np.float32))
+        if vec.shape[-1] != self.ex.embed.weight.shape[1]:
+            raise ValueError(
+                f"speaker vector of size {vec.shape[-1]} does not match the talker's hidden size"
+            )
+        return vec.to(self.ex.ctx.device, self.ex.embed.weight.dtype).view(1, 1, -1)
+
+    def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
+        self.ex.running[r.rid] = r  # the prefix only primes the cache; frames follow
+        return []
+
+    def ready(self, r: ARRequest) -> bool:
+        return r.generated // self.fpt < len(r.conds) and r.generated < r.max_new
+
+    def finished(self, r: ARRequest) -> bool:
+        if r.generated >= r.max_new:
+            return True
+        return r.stream_ended and r.generated >= self.fpt * len(r.conds)
+
+    def finish(self, r: ARRequest) -> list[Output]:
+        info = dict(r.upstream_info)
+        info["frames"] = r.generated
+        if r.generated >= r.max_new and not (
+            r.stream_ended and r.generated >= self.fpt * len(r.conds)
+        ):
+            info["finish_reason"] = "length"
+        return [(END, r.rid, info), (DONE, r.rid, info)]
+
+    def step_embeds(self, r: ARRequest) -> Any:
+        torch = self.ex.torch
+        e = self.ex.embed(torch.tensor([[r.last]], device=self.ex.ctx.device))
+        cond = torch.from_numpy(r.conds[r.generated // self.fpt]).to(e.device, e.dtype)
+        return e + cond.view(1, 1, -1)
+
+    def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]:
+        r.generated += 1
+        r.last = token
+        return [(CHUNK, r.rid, {"codes": [token]})]

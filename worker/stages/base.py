@@ -1,0 +1,126 @@
+"""The stage executor interface that the stage process host drives.
+
+The host hands a request to an executor with ``start`` once all its required inputs arrived,
+forwards stream chunks with ``feed``/``end_stream``, and calls ``step`` whenever
+``next_deadline`` says there is work (the executor's scheduler decides what one step is: a
+batch, one decode step of all running requests, ...). ``step`` returns outputs that the host
+sends to the coordinator, which routes them along the spec's edges.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.spec import ModelSpec, StageSpec
+
+# Output kinds (the first element of each output tuple):
+FINAL = "final"  # (FINAL, rid, payload): final payload along `next` edges
+CHUNK = "chunk"  # (CHUNK, rid, data): one chunk along `stream_to` edges
+END = "end"  # (END, rid, info): the stream along `stream_to` edges is complete
+OUT = "out"  # (OUT, rid, ("text", str) | ("audio", int16 ndarray)): client output (terminals)
+DONE = "done"  # (DONE, rid, info): this stage has finished the request
+ERROR = "error"  # (ERROR, rid, message): the request failed in this stage
+
+Output = tuple[str, str, Any]
+
+
+@dataclass(slots=True)
+class StageContext:
+    name: str
+    spec: ModelSpec
+    stage: StageSpec
+    checkpoint: Path  # where components and the tokenizer are loaded from
+    device: str  # torch device string: "cpu", "cuda:0"
+    max_running_requests: int  # from the plan (falls back to the spec's engine settings)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def component_dir(self, stage: str | None = None) -> Path:
+        comp = self.spec.stages[stage or self.name].component
+        sub = comp.config_dir if comp else ""
+        return self.checkpoint / sub if sub else self.checkpoint
+
+
+@dataclass(slots=True)
+class RequestMeta:
+    kind: str  # RequestKind value
+    outputs: frozenset[str]  # {"text"}, {"audio"}, {"text", "audio"}
+    max_tokens: int | None = None
+    voice: str | None = None
+    stream_targets: tuple[str, ...] = ()  # active stages this stage streams to
+
+
+class StageExecutor(ABC):
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+
+    def load(self) -> None:  # noqa: B027 - optional hook
+        """Load weights; called once in the stage process before ``warmup``."""
+
+    def warmup(self) -> None:  # noqa: B027 - optional hook
+        """Run a dummy pass so the first request does not pay for lazy initialisation."""
+
+    @abstractmethod
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None: ...
+
+    def feed(self, rid: str, src: str, data: Any) -> None:
+        raise RuntimeError(f"stage {self.ctx.name} takes no stream input (from {src})")
+
+    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
+        raise RuntimeError(f"stage {self.ctx.name} takes no stream input (from {src})")
+
+    @abstractmethod
+    def abort(self, rid: str) -> None:
+        """Forget the request and free what it holds; unknown ids are ignored."""
+
+    @abstractmethod
+    def next_deadline(self) -> float | None:
+        """time.monotonic() at which ``step`` should run; None when idle (waiting for input)."""
+
+    @abstractmethod
+    def step(self) -> list[Output]: ...
+
+    @abstractmethod
+    def queue_depth(self) -> int:
+        """Requests waiting in or running on this stage."""
+
+
+class BatchQueue:
+    """FIFO of ready items with a batching window: run when full or when the oldest waited long
+    enough (encoders, vocoders)."""
+
+    def __init__(self, max_batch_size: int, window_ms: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.window = window_ms / 1000.0
+        self.items: list[tuple[float, str, Any]] = []  # (enqueued at, rid, item)
+
+    def put(self, rid: str, item: Any, weight: int = 1) -> None:
+        self.items.append((time.monotonic(), rid, (item, weight)))
+
+    def drop(self, rid: str) -> None:
+        self.items = [it for it in self.items if it[1] != rid]
+
+    def deadline(self) -> float | None:
+        if not self.items:
+            return None
+        if sum(w for _, _, (_, w) in self.items) >= self.max_batch_size:
+            return time.monotonic()
+        return self.items[0][0] + self.window
+
+    def take(self) -> list[tuple[str, Any]]:
+        """The next batch: items in order until their weights reach max_batch_size (>= 1 item)."""
+        batch, total = [], 0
+        while self.items:
+            _, rid, (item, w) = self.items[0]
+            if batch and total + w > self.max_batch_size:
+                break
+            self.items.pop(0)
+            batch.append((rid, item))
+            total += w
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.items)

@@ -1,0 +1,29 @@
+"""Executor kind (+ backend) in the spec -> the class that implements it."""
+
+from __future__ import annotations
+
+from planner.spec import Backend, Executor
+from worker.stages.base import StageContext, StageExecutor
+
+
+def make_executor(ctx: StageContext) -> StageExecutor:
+    kind = ctx.stage.executor
+    if kind == Executor.AUTOREGRESSIVE and ctx.stage.engine.backend == Backend.SGLANG:
+        from worker.stages.sglang import SGLangExecutor
+
+        return SGLangExecutor(ctx)
+    if kind == Executor.PREPROCESS:
+        from worker.stages.preprocess import PreprocessExecutor as cls
+    elif kind == Executor.ENCODER:
+        from worker.stages.encoder import EncoderExecutor as cls
+    elif kind == Executor.AUTOREGRESSIVE:
+        from worker.stages.autoregressive import AutoregressiveExecutor as cls
+    elif kind == Executor.DECODE:
+        from worker.stages.decode import DecodeExecutor as cls
+    elif kind == Executor.VOCODER:
+        from worker.stages.vocoder import VocoderExecutor as cls
+    elif kind == Executor.AGGREGATE:
+        from worker.stages.aggregate import AggregateExecutor as cls
+    else:  # pragma: no cover - the spec's enum is exhaustive
+        raise ValueError(f"no executor for {kind!r}")
+    return cls(ctx)
