@@ -286,7 +286,10 @@ class Router:
                 self._worker_failure(worker, f"HTTP {status}")
             elif health.consecutive_failures:
                 health.request_succeeded()
-        self.metrics.request(client.route, status, time.monotonic() - client.started)
+        elapsed = time.monotonic() - client.started
+        if worker is not None:
+            worker.latency += 0.2 * (elapsed - worker.latency)
+        self.metrics.request(client.route, status, elapsed)
         client.finish()
 
     def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None:
@@ -303,7 +306,7 @@ class Router:
         else:
             err = OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
         client.upstream = None
-        self._fail(client, err)
+        self._fail(client, err, extra=client.extra_headers)
 
     def exchange_aborted(self, client: ClientConnection) -> None:
         """The client went away mid-exchange."""
@@ -328,9 +331,16 @@ class Router:
 
     # -- responses made by the router ------------------------------------------------------
 
-    def _fail(self, client: ClientConnection, err: OmniError, retry_after: bool = False) -> None:
+    def _fail(
+        self,
+        client: ClientConnection,
+        err: OmniError,
+        retry_after: bool = False,
+        extra: bytes = b"",
+    ) -> None:
         self.metrics.error(client.route, err.code)
-        extra = self.retry_after_line if retry_after or err.status == 429 else b""
+        if retry_after or err.status == 429:
+            extra += self.retry_after_line
         data = error_response(
             err.status, err.code, err.message, client.keep_alive, extra, err.param
         )

@@ -52,7 +52,10 @@ def choose_load(workers: Sequence[WorkerState], stage_class: str, key: str | Non
     if j >= i:
         j += 1
     a, b = workers[i], workers[j]
-    return a if load_score(a, stage_class) <= load_score(b, stage_class) else b
+    sa, sb = load_score(a, stage_class), load_score(b, stage_class)
+    if sa == sb:  # equal queues: the one that has been answering faster
+        return a if a.latency <= b.latency else b
+    return a if sa < sb else b
 
 
 def choose_least_inflight(

@@ -40,6 +40,7 @@ class WorkerState:
         "in_flight",
         "input_modalities",
         "last_picked",
+        "latency",
         "load",
         "load_at",
         "models",
@@ -67,6 +68,7 @@ class WorkerState:
         self.requests = 0
         self.errors = 0
         self.last_picked = 0  # recency order for round_robin
+        self.latency = 0.0  # moving average of request duration (s), a tie-breaker for `load`
         self.load: LoadReport | None = None
         self.load_at = 0.0
         self.pool: Pool | None = None

@@ -1,0 +1,232 @@
+"""omni-router over static workers (no Redis): proxying, streaming passthrough, bad inputs,
+load spreading, admission limits, API keys and secrets. Real router and fake-worker processes."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import orjson
+import pytest
+
+from tests.fakes.procs import FakeWorker, Router, chat, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[FakeWorker]]:
+    ws = [
+        FakeWorker("w1", "--chunks", "5", "--chunk-delay-ms", "150"),
+        FakeWorker("w2", "--chunks", "5", "--chunk-delay-ms", "150", "--model", "fake-model",
+                   "--model", "other-model"),
+    ]  # fmt: skip
+    yield ws
+    for w in ws:
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def router(workers: list[FakeWorker]) -> Iterator[Router]:
+    r = Router(*(a for w in workers for a in ("--worker", w.url)), "--max-body-bytes", "65536")
+    yield r
+    r.stop()
+
+
+def worker_health_clean(router: Router) -> None:
+    for w in router.diagnostics()["workers"]:
+        assert w["health"]["healthy"] and w["health"]["breaker"] == "closed", w
+        assert w["health"]["consecutive_failures"] == 0, w
+
+
+def test_chat_is_proxied_with_request_and_worker_ids(router: Router, workers) -> None:
+    r = chat(router.url)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "ok"
+    rid, wid = r.headers["x-omni-request-id"], r.headers["x-omni-worker-id"]
+    assert r.headers["x-fake-worker"] == "1"  # worker headers pass through
+    assert "keep-alive" not in r.headers.get("connection", "")  # hop-by-hop stripped
+    port = int(wid.rsplit(":", 1)[1])
+    chosen = next(w for w in workers if w.port == port)
+    assert rid in chosen.stats()["request_ids"]
+
+
+def test_client_cannot_inject_internal_headers(router: Router, workers) -> None:
+    r = chat(router.url, headers={"x-omni-worker-token": "forged", "x-omni-request-id": "forged"})
+    assert r.status_code == 200 and r.headers["x-omni-request-id"] != "forged"
+    for w in workers:
+        assert "forged" not in w.stats()["headers_seen"]["x-omni-worker-token"]
+
+
+def test_sse_events_arrive_as_the_worker_sends_them(router: Router) -> None:
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    received: list[tuple[float, dict | str]] = []
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                received.append((time.time(), data if data == "[DONE]" else orjson.loads(data)))
+    events = [e for _, e in received if isinstance(e, dict)]
+    assert [e["i"] for e in events] == [0, 1, 2, 3, 4] and received[-1][1] == "[DONE]"
+    # the first event reached the client before the worker had even produced the last one
+    assert received[0][0] < events[-1]["t"]
+
+
+def test_chunked_audio_passes_through_incrementally(router: Router) -> None:
+    t_chunks: list[float] = []
+    total = 0
+    body = {"model": "fake-model", "input": "hello", "voice": "alloy"}
+    with httpx.stream("POST", router.url + "/v1/audio/speech", json=body, timeout=10) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
+        assert "content-length" not in r.headers
+        for piece in r.iter_raw():
+            t_chunks.append(time.monotonic())
+            total += len(piece)
+    assert total == 5 * 4800
+    # chunks were 150 ms apart at the worker: the first was not held back until the end
+    assert t_chunks[-1] - t_chunks[0] > 0.3
+
+
+def test_models_are_merged_over_the_fleet(router: Router) -> None:
+    ids = {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=5).json()["data"]}
+    assert ids == {"fake-model", "other-model"}
+
+
+def test_bad_inputs_get_4xx_and_never_mark_a_worker_unhealthy(router: Router) -> None:
+    url = router.url + "/v1/chat/completions"
+    bad_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
+    not_object = httpx.post(url, content=b"[1]", headers={"content-type": "application/json"})
+    assert not_object.status_code == 400
+    wrong_type = httpx.post(url, content=b"model=x", headers={"content-type": "text/plain"})
+    assert wrong_type.status_code == 415
+    assert wrong_type.json()["error"]["code"] == "unsupported_media_type"
+    huge = httpx.post(url, content=b"x" * 200_000, headers={"content-type": "application/json"})
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+    for _ in range(8):  # more than the breaker threshold: 4xx from workers never count
+        unknown = chat(router.url, model="no-such-model")
+        assert unknown.status_code == 404
+    get_chat = httpx.get(url)
+    assert get_chat.status_code == 405
+    with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
+        sock.sendall(b"BLAH / HTTP/1.1\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 400")
+    time.sleep(1.2)  # a probe round
+    worker_health_clean(router)
+    assert chat(router.url).status_code == 200
+
+
+def test_stream_broken_after_headers_ends_with_an_sse_error_event(router, workers) -> None:
+    for w in workers:
+        w.control("break", {"after": 2})
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    lines = []
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(lines) == 3
+    assert orjson.loads(lines[-1][6:])["error"]["code"] == "stream_interrupted"
+    # audio: the chunked body is cut, so the client sees an incomplete body
+    for w in workers:
+        w.control("break", {"after": 2})
+    body = {"model": "fake-model", "input": "hello"}
+    url = router.url + "/v1/audio/speech"
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", url, json=body, timeout=10) as r,
+    ):
+        assert r.status_code == 200
+        for _ in r.iter_raw():
+            pass
+    for w in workers:
+        w.control("break", {"after": None})
+    assert 'code="stream_interrupted"' in router.metrics()
+
+
+def test_load_policy_spreads_by_speed() -> None:
+    fast = FakeWorker("fast", "--delay-ms", "5")
+    slow = FakeWorker("slow", "--delay-ms", "150")
+    router = Router("--worker", fast.url, "--worker", slow.url, name="router-skew")
+    try:
+
+        def run(_: int) -> int:
+            return sum(chat(router.url).status_code == 200 for _ in range(12))
+
+        with ThreadPoolExecutor(6) as pool:
+            assert sum(pool.map(run, range(6))) == 72
+        n_fast, n_slow = fast.stats()["requests"], slow.stats()["requests"]
+        assert n_fast + n_slow == 72
+        assert n_fast > 3 * n_slow, (n_fast, n_slow)
+    finally:
+        router.stop()
+        fast.stop()
+        slow.stop()
+
+
+def test_admission_limits_answer_429_with_retry_after() -> None:
+    slow = FakeWorker("slow429", "--delay-ms", "600")
+    router = Router("--worker", slow.url, "--max-in-flight", "2", name="router-429")
+    capped = Router("--worker", slow.url, "--static-capacity", "1", name="router-cap")
+    try:
+        for r, code in ((router, "rate_limited"), (capped, "overloaded")):
+            with ThreadPoolExecutor(4) as pool:
+                results = list(pool.map(lambda _, u=r.url: chat(u), range(4)))
+            statuses = sorted(x.status_code for x in results)
+            assert 200 in statuses and 429 in statuses, statuses
+            rejected = next(x for x in results if x.status_code == 429)
+            assert rejected.headers["retry-after"] == "1"
+            assert rejected.json()["error"]["code"] == code
+    finally:
+        router.stop()
+        capped.stop()
+        slow.stop()
+
+
+def test_no_routable_worker_is_503_with_a_reason() -> None:
+    w = FakeWorker("dying")
+    router = Router("--worker", w.url, "--probe-interval-s", "0.2", name="router-503")
+    try:
+        assert chat(router.url).status_code == 200
+        w.control("health", {"healthy": False})
+        wait_for(lambda: not router.ready()["ready"], 5)
+        r = chat(router.url)
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "no_eligible_worker" and "failing health probes" in err["message"]
+        w.control("health", {"healthy": True})
+        wait_for(lambda: chat(router.url).status_code == 200, 5)
+    finally:
+        router.stop()
+        w.stop()
+
+
+def test_api_keys_worker_token_and_no_secrets_in_diagnostics_or_metrics(workers) -> None:
+    router = Router(
+        "--worker", workers[0].url, "--api-key", "client-key-s3cret", "--api-key", "second-key",
+        "--worker-token", "worker-token-s3cret", name="router-keys",
+    )  # fmt: skip
+    try:
+        before = workers[0].stats()["requests"]
+        assert chat(router.url).status_code == 401
+        bad = chat(router.url, headers={"authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
+        assert workers[0].stats()["requests"] == before  # no worker was touched
+        ok = chat(router.url, headers={"authorization": "Bearer second-key"})
+        assert ok.status_code == 200
+        seen = workers[0].stats()["headers_seen"]
+        assert seen["x-omni-worker-token"][-1] == "worker-token-s3cret"
+        assert "Bearer second-key" not in seen["authorization"]  # the router's key stays here
+        assert httpx.get(router.url + "/diagnostics").status_code == 401
+        diag = httpx.get(
+            router.url + "/diagnostics", headers={"authorization": "Bearer client-key-s3cret"}
+        ).text
+        assert orjson.loads(diag)["router"]["api_keys"] == 2
+        for text in (diag, router.metrics(), router.output()):
+            assert "s3cret" not in text and "second-key" not in text
+    finally:
+        router.stop()
