@@ -43,6 +43,10 @@ class StagePlacement(Frozen):
     memory: MemoryBudget = Field(default_factory=MemoryBudget)
     kv_tokens: int = 0  # KV capacity in tokens (autoregressive stages)
     max_running_requests: int = 0
+    params: int = 0  # weight elements of the stage's component (whole model, not per rank)
+    buffers: int = 0  # stored (persistent) buffer elements, counted with the weights
+    kv_bytes_per_token: int = 0  # whole model, all TP ranks together
+    memory_share: float | None = None  # the declared share of a colocated layout
 
 
 class ProcessPlan(Frozen):
@@ -94,13 +98,26 @@ class PlanError(Frozen):
     fixes: list[str] = Field(default_factory=list)
 
 
+class FleetTotals(Frozen):
+    """Sums over every node of an inventory."""
+
+    nodes: int = 0
+    gpus: int = 0
+    replicas: int = 0
+    capacity_bytes: int = 0
+    planned: MemoryBudget = Field(default_factory=MemoryBudget)
+    replicas_by_gpu_type: dict[str, int] = Field(default_factory=dict)
+
+
 class LaunchPlan(Frozen):
     version: int = PLAN_VERSION
     spec: str  # spec name
     spec_digest: str  # sha256 of the resolved spec's JSON
     fits: bool
     errors: list[PlanError] = Field(default_factory=list)
+    warnings: list[PlanError] = Field(default_factory=list)  # e.g. a fleet node that holds none
     nodes: list[NodePlan] = Field(default_factory=list)
+    fleet: FleetTotals = Field(default_factory=FleetTotals)
 
     @property
     def replicas(self) -> int:

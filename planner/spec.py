@@ -63,11 +63,24 @@ class EngineSettings(Strict):
     context_length: int = Field(4096, ge=1)
     kv_budget_tokens: int | None = Field(None, ge=1, description="None: what the memory buys")
     max_new_tokens: int = Field(256, ge=1)
+    kv_dtype: DType | None = Field(None, description="KV cache dtype; None = the stage's dtype")
+    prefill_chunk_tokens: int = Field(
+        2048, ge=1, description="tokens prefilled per step; sizes the activation estimate"
+    )
 
 
 class BatchingSettings(Strict):
     max_batch_size: int = Field(8, ge=1)
     window_ms: float = Field(2.0, ge=0)
+
+
+class MemorySettings(Strict):
+    """Per-stage overrides of the planner's estimates (bytes); None = the GPU catalog's value."""
+
+    activations_bytes: int | None = Field(None, ge=0, description="activations + workspace")
+    runtime_bytes: int | None = Field(
+        None, ge=0, description="per-process runtime (CUDA context, allocator, graphs)"
+    )
 
 
 class StageSpec(Strict):
@@ -88,6 +101,7 @@ class StageSpec(Strict):
     memory_share: float | None = Field(None, gt=0, le=1, description="colocated layouts")
     engine: EngineSettings = Field(default_factory=EngineSettings)
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
 
 class CapabilitiesSpec(Strict):

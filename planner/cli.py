@@ -1,0 +1,131 @@
+"""``omni-plan``: plan a model spec (or a bare model directory) onto GPUs, before launch.
+
+    omni-plan SPEC_OR_MODEL_DIR [--gpus 2xH100-80GB | --inventory FILE] [--json] [--svg FILE]
+              [--override-file FILE] [--max-replicas-per-node N] [--<stage>.<field> VALUE ...]
+    omni-plan explain SPEC PATH [--override-file FILE] [--<stage>.<field> VALUE ...]
+
+Exit status: 0 the plan fits; 1 it does not fit (the errors say where and what would fix it);
+2 the spec, an override or the inventory is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from planner.errors import PlannerError
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
+
+
+def _console(stderr: bool = False) -> Console:
+    width = max(shutil.get_terminal_size((180, 40)).columns, 100)
+    return Console(width=width, stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omni-plan",
+        description="Exact VRAM and process placement of a model spec, before launch. "
+        "Settings are overridden with --<stage>.<field> VALUE "
+        "(e.g. --thinker.engine.max_running_requests 8). "
+        "'omni-plan explain SPEC PATH' shows where a value came from.",
+    )
+    p.add_argument("spec", help="a model spec (configs/models/*.yaml) or a model directory")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpus", help="GPUs of one node, e.g. 2xH100-80GB (default: no GPUs)")
+    where.add_argument("--inventory", type=Path, help="YAML inventory of one or more nodes")
+    p.add_argument("--override-file", type=Path, help="YAML with stages.<stage>.<field> values")
+    p.add_argument("--json", action="store_true", help="print the launch plan as JSON")
+    p.add_argument("--svg", type=Path, help="write a picture of each GPU's memory to this file")
+    p.add_argument("--max-replicas-per-node", type=int, default=None, metavar="N")
+    return p
+
+
+def _explain_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omni-plan explain",
+        description="Where a resolved value came from and what it overrode.",
+    )
+    p.add_argument("spec")
+    p.add_argument("path", help="stages.<stage>.<field> or <stage>.<field>")
+    p.add_argument("--override-file", type=Path)
+    return p
+
+
+def _split(argv: list[str], known_flags: set[str]) -> tuple[list[str], list[str]]:
+    """Separate the command's own arguments from --<stage>.<field> overrides."""
+    own, overrides = [], []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name = token.split("=", 1)[0]
+        if token.startswith("--") and "." in name and name not in known_flags:
+            overrides.append(token)
+            if "=" not in token and i + 1 < len(argv):
+                overrides.append(argv[i + 1])
+                i += 1
+        else:
+            own.append(token)
+        i += 1
+    return own, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "explain":
+            return _explain(args[1:])
+        return _plan(args)
+    except PlannerError as exc:
+        _console(stderr=True).print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return EXIT_INVALID
+
+
+def _explain(argv: list[str]) -> int:
+    own, overrides = _split(argv, {"--override-file"})
+    ns = _explain_parser().parse_args(own)
+    from planner.loader import load_spec
+
+    loaded = load_spec(ns.spec, overrides, ns.override_file)
+    print(loaded.provenance.explain(ns.path))
+    return EXIT_FITS
+
+
+def _plan(argv: list[str]) -> int:
+    own, overrides = _split(argv, {"--gpus", "--inventory", "--override-file", "--svg"})
+    ns = _plan_parser().parse_args(own)
+    from planner.api import plan_spec
+    from planner.render import plan_svg, print_plan
+
+    inventory = ns.inventory if ns.inventory is not None else ns.gpus
+    result = plan_spec(
+        ns.spec,
+        inventory,
+        overrides,
+        ns.override_file,
+        max_replicas_per_node=ns.max_replicas_per_node,
+    )
+    plan = result.plan
+    if ns.svg is not None:
+        ns.svg.write_text(plan_svg(plan))
+    if ns.json:
+        print(plan.model_dump_json(indent=2))
+    else:
+        label = str(ns.inventory) if ns.inventory else (ns.gpus or "this host, no GPUs")
+        print_plan(plan, _console(), label)
+        if ns.svg is not None:
+            print(f"wrote {ns.svg}")
+    if not plan.fits and ns.json:
+        err = _console(stderr=True)
+        for e in plan.errors:
+            err.print(f"[bold red]error:[/bold red] {e.message}", highlight=False)
+    return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""Loading a model spec (or a bare model directory) with its overrides applied."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import SpecError
+from planner.overrides import Override, Provenance, apply, parse_cli, parse_file
+from planner.spec import ModelSpec
+from planner.yamlio import load_yaml
+
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+BARE_STAGE = "llm"
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    spec: ModelSpec
+    spec_path: Path
+    provenance: Provenance
+
+
+def bare_model_spec(model_dir: Path) -> dict[str, Any]:
+    """A bare checkpoint directory as a spec: one autoregressive stage holding the whole model."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{model_dir}: cannot read config.json ({exc})") from None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    dtype = config.get("torch_dtype") or config.get("dtype") or text.get("dtype") or "bfloat16"
+    return {
+        "name": model_dir.name,
+        "description": f"bare model directory {model_dir} planned as one autoregressive stage",
+        "model_dir": str(model_dir),
+        "capabilities": {"endpoints": ["chat"]},
+        "entry": BARE_STAGE,
+        "stages": {
+            BARE_STAGE: {
+                "executor": "autoregressive",
+                "terminal": True,
+                "component": {"module": ""},
+                "dtype": _DTYPES.get(str(dtype), "bf16"),
+            }
+        },
+    }
+
+
+def _format_validation(exc: ValidationError, prov: Provenance, where: Path) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        origin = prov.entries.get(path)
+        source = f" (from {origin.origin.describe()})" if origin else ""
+        lines.append(f"  {path or '<spec>'}: {err['msg']}{source}")
+    return f"{where}: invalid spec:\n" + "\n".join(lines)
+
+
+def load_spec(
+    spec_path: Path | str,
+    overrides: Sequence[str] = (),
+    override_file: Path | str | None = None,
+) -> LoadedSpec:
+    path = Path(spec_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecError(
+                f"{path}: a directory must hold a config.json (a bare model checkpoint)"
+            )
+        path = path.resolve()
+        raw, base, where = bare_model_spec(path), "model-dir", str(path / "config.json")
+    elif path.is_file():
+        raw, base, where = load_yaml(path), "spec", str(path)
+        if not isinstance(raw, dict):
+            raise SpecError(f"{path}: a model spec is a YAML mapping")
+    else:
+        raise SpecError(f"{path}: no such spec file or model directory")
+    ovs: list[Override] = []
+    if override_file is not None:
+        ovs += parse_file(Path(override_file))
+    ovs += parse_cli(list(overrides))
+    resolved, prov = apply(raw, base, where, ovs)  # type: ignore[arg-type]
+    try:
+        spec = ModelSpec.model_validate(resolved)
+    except ValidationError as exc:
+        raise SpecError(_format_validation(exc, prov, path)) from None
+    except ValueError as exc:  # the graph validator
+        raise SpecError(f"{path}: {exc}") from None
+    _check_stage_settings(spec, path)
+    return LoadedSpec(spec=spec, spec_path=path, provenance=prov)
+
+
+def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
+    """Rules that involve more than one field: precise errors before any planning."""
+    for name, stage in spec.stages.items():
+        where = f"{path}: stages.{name}"
+        if (
+            stage.executor.value in ("autoregressive", "encoder", "vocoder")
+            and stage.component is None
+        ):
+            raise SpecError(
+                f"{where}: a {stage.executor.value} stage needs a component (its weights)"
+            )
+        if stage.device.value == "cpu":
+            if stage.tp_size != 1:
+                raise SpecError(f"{where}: tp_size {stage.tp_size} on a cpu stage; use 1")
+            if stage.gpus:
+                raise SpecError(f"{where}: gpus {stage.gpus} pinned on a cpu stage")
+        if stage.gpus is not None:
+            if len(stage.gpus) != stage.tp_size:
+                raise SpecError(
+                    f"{where}: pins {len(stage.gpus)} GPUs {stage.gpus} but tp_size is "
+                    f"{stage.tp_size}; pin one GPU per tensor-parallel rank"
+                )
+            if len(set(stage.gpus)) != len(stage.gpus) or min(stage.gpus) < 0:
+                raise SpecError(f"{where}: gpus {stage.gpus} must be distinct indices >= 0")
+        if stage.engine.context_length < stage.engine.max_new_tokens:
+            raise SpecError(
+                f"{where}.engine: max_new_tokens {stage.engine.max_new_tokens} exceeds "
+                f"context_length {stage.engine.context_length}"
+            )
+    for group, names in spec.process_groups().items():
+        gpu = [spec.stages[n] for n in names if spec.stages[n].device.value == "gpu"]
+        if len({s.tp_size for s in gpu}) > 1:
+            raise SpecError(
+                f"{path}: process {group!r} mixes tp_size "
+                f"{ {n: spec.stages[n].tp_size for n in names} }; stages sharing a process share "
+                "its GPUs"
+            )
+        if len({tuple(s.gpus) if s.gpus is not None else None for s in gpu}) > 1:
+            raise SpecError(
+                f"{path}: process {group!r} pins its stages to different GPUs; stages sharing a "
+                "process share its GPUs"
+            )
