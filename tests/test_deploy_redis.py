@@ -367,3 +367,51 @@ async def test_fleet_store_over_tls_with_a_verified_certificate(tmp_path: Path) 
             assert await plain.ping() is False
         finally:
             await plain.close()
+
+
+async def test_sentinel_client_follows_a_failover_when_the_master_dies() -> None:
+    """Master + replica + one sentinel (quorum 1). The master is killed; the sentinel promotes
+    the replica, and the same FleetStore reaches it after a few failed attempts (workers and
+    routers retry Redis calls anyway). Nothing acknowledged before the kill is lost here
+    because the test waits for the replica to have it (replication is asynchronous)."""
+    no_delay = ["--repl-diskless-sync-delay", "0"]  # the default waits 5 s for more replicas
+    with RedisServer(password=PASSWORD, extra_args=no_delay) as master:
+        replica_args = ["--replicaof", "127.0.0.1", str(master.port), "--masterauth", PASSWORD]
+        with RedisServer(password=PASSWORD, extra_args=replica_args) as replica:
+            watcher = Sentinel(master.port, "ha", PASSWORD)
+            try:
+                watcher.wait_for_master("ha")
+                url = f"redis+sentinel://:{quote(PASSWORD, safe='')}@127.0.0.1:{watcher.port}/ha"
+                store = FleetStore(connect(url, timeout_s=0.5), fleet="ha")
+                try:
+                    await store.write_record(record("before"), ttl_ms=60_000)
+                    deadline = time.monotonic() + 20
+                    follower = redis.Redis.from_url(replica.url)
+                    while not follower.exists(store.keys.worker("before")):
+                        assert time.monotonic() < deadline, "the replica never synced"
+                        await asyncio.sleep(0.05)
+                    follower.close()
+
+                    master.stop(kill=True)
+                    sentinel = redis.Redis(port=watcher.port)
+                    while sentinel.sentinel_get_master_addr_by_name("ha")[1] != replica.port:
+                        assert time.monotonic() < deadline, "the sentinel did not fail over"
+                        await asyncio.sleep(0.1)
+                    sentinel.close()
+                    while True:
+                        try:
+                            await store.write_record(record("after"), ttl_ms=60_000)
+                            break
+                        except (redis.ConnectionError, redis.TimeoutError, OSError):
+                            assert time.monotonic() < deadline, "no write after the failover"
+                            await asyncio.sleep(0.1)
+                    assert set(await store.snapshot()) == {"before", "after"}
+                finally:
+                    await store.close()
+                promoted = redis.Redis.from_url(replica.url)
+                try:
+                    assert promoted.info("replication")["role"] == "master"
+                finally:
+                    promoted.close()
+            finally:
+                watcher.stop()
