@@ -19,11 +19,12 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from redis.cluster import key_slot
 
 from fleet.keys import FleetKeys
-from fleet.records import WorkerRecord
+from fleet.records import EventKind, LoadReport, VoiceRecord, WorkerRecord
 from fleet.redis_server import RedisServer, free_port
 from fleet.redis_url import DEFAULT_SENTINEL_PORT, is_sentinel_url, parse_sentinel_url
 from fleet.store import FleetStore, connect
 
+REPO = Path(__file__).resolve().parents[1]
 # A password with every character that must be percent-encoded in a URL.
 PASSWORD = "s3 cr/:@t?#%"
 
@@ -415,3 +416,38 @@ async def test_sentinel_client_follows_a_failover_when_the_master_dies() -> None
                     promoted.close()
             finally:
                 watcher.stop()
+
+
+async def test_the_documented_acl_rule_allows_everything_the_store_does() -> None:
+    """docs/redis.md gives an ACL rule for a least-privilege user: check that it suffices for
+    every FleetStore call and keeps the user out of other keys."""
+    rule = "on >omni-secret ~omni:v1:* &omni:v1:* +@read +@write +@pubsub +@scripting +@transaction +ping"  # noqa: E501
+    assert rule in (REPO / "docs" / "redis.md").read_text()
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("ACL", "SETUSER", "omni", *rule.split())
+        admin.close()
+        store = FleetStore(connect(f"redis://omni:omni-secret@127.0.0.1:{server.port}/0"))
+        try:
+            events = store.listen()
+            first = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0.1)
+            await store.write_record(record("w1"), ttl_ms=5000)
+            await store.heartbeat(record("w1"), ttl_ms=5000)
+            await store.publish_load(LoadReport(worker_id="w1", in_flight=2), ttl_ms=5000)
+            assert (await store.snapshot())["w1"].load is not None
+            assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
+            assert await store.lookup_session("s", ttl_ms=5000) == "w1"
+            assert await store.move_session("s", "w1", "w2", ttl_ms=5000) == "w2"
+            await store.put_voice(VoiceRecord(name="v", bytes=3), b"abc")
+            assert (await store.get_voice("v")) is not None
+            assert [v.name for v in await store.list_voices()] == ["v"]
+            assert await store.delete_voice("v")
+            await store.publish_event(EventKind.READY, "w1")
+            assert (await asyncio.wait_for(first, timeout=5)).worker_id == "w1"
+            await events.aclose()
+            await store.deregister("w1")
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await store.redis.set("other:key", "x")
+        finally:
+            await store.close()
