@@ -94,21 +94,24 @@ def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> Non
 
 
 def _calibrate(model: Any) -> None:
-    """Random vocoders output near-silence (~1e-8); scale the last conv to an audible level."""
+    """Random vocoders are near-silent or clipping; scale the last conv to an audible level."""
     import torch
 
-    if type(model).__name__ != "Qwen3OmniMoeCode2Wav":
+    from worker.models import codec
+
+    if type(model).__name__ not in ("MimiModel", "Qwen3OmniMoeCode2Wav"):
         return
     gen = torch.Generator().manual_seed(0)
-    codes = torch.randint(
-        0, model.config.codebook_size, (1, model.config.num_quantizers, 24), generator=gen
-    )
+    shape = (1, codec.num_quantizers(model), 24)
+    codes = torch.randint(0, model.config.codebook_size, shape, generator=gen)
     with torch.no_grad():
-        rms = model(codes).float().pow(2).mean().sqrt().item()
-        last = model.decoder[-1]
-        scale = 0.1 / max(rms, 1e-12)
-        for p in last.parameters():
-            p.mul_(scale)
+        conv = codec.last_conv(model)
+        for _ in range(3):  # the clamp makes it nonlinear near full scale
+            rms = codec.decode(model, codes).float().pow(2).mean().sqrt().item()
+            scale = 0.1 / max(rms, 1e-12)
+            conv.weight.mul_(scale)
+            if conv.bias is not None:
+                conv.bias.mul_(scale)
 
 
 def model_class(component_dir: Path) -> Any:

@@ -4,8 +4,10 @@ Frames are cut at fixed boundaries (a short first chunk for a fast first packet,
 ``CHUNK_FRAMES``), each decoded in a window of ``LEFT_CONTEXT`` earlier frames (zero codes
 before the start), so every window has the same shape and chunks of several requests batch
 together; the boundaries never depend on timing, so the audio bytes are deterministic.
-The decoder is causal: a window's output is left-aligned and ``lag`` samples short at its end,
-so each chunk starts ``lag`` samples early to stay gapless.
+The decoder is causal: a window's output is left-aligned; where it is ``lag`` samples short at
+its end (Qwen3-Omni code2wav), each chunk starts ``lag`` samples early to stay gapless. The
+talker predicts the first codebook; a codec with more codebooks gets that code repeated (tiny
+models have no code predictor).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.models import codec
 from worker.stages.base import DONE, OUT, BatchQueue, Output, RequestMeta, StageExecutor
 
 FIRST_CHUNK_FRAMES = 4
@@ -44,8 +47,8 @@ class VocoderExecutor(StageExecutor):
         self.model = load_component(
             self.ctx.checkpoint, comp.config_dir, comp.module, self.ctx.stage.dtype, self.ctx.device
         )
-        self.upsample = int(self.model.total_upsample)
-        self.quantizers = int(self.model.config.num_quantizers)
+        self.upsample = codec.samples_per_frame(self.model)
+        self.quantizers = codec.num_quantizers(self.model)
         self.window = LEFT_CONTEXT + CHUNK_FRAMES
         b = self.ctx.stage.batching
         self.queue = BatchQueue(b.max_batch_size, b.window_ms)
@@ -119,4 +122,4 @@ class VocoderExecutor(StageExecutor):
         codes = torch.from_numpy(windows).to(self.ctx.device)[:, None, :]
         codes = codes.expand(-1, self.quantizers, -1)
         with torch.inference_mode():
-            return self.model(codes).float()[:, 0].cpu().numpy()
+            return codec.decode(self.model, codes).float().cpu().numpy()
