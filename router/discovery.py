@@ -13,6 +13,9 @@ import logging
 import time
 
 from pydantic import ValidationError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from fleet.records import EventKind, FleetEvent, LoadReport, WorkerRecord
@@ -34,7 +37,13 @@ class Discovery:
         self.settings = settings
         self.view = view
         self.metrics = metrics
-        self.store = FleetStore(connect(url, timeout_s=settings.redis_timeout_s), settings.fleet)
+        client = connect(url, timeout_s=settings.redis_timeout_s)
+        # a pooled connection that died with a Redis restart is retried once on a fresh one,
+        # instead of failing the request path that happened to pick it
+        client.connection_pool.connection_kwargs.update(
+            retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError]
+        )
+        self.store = FleetStore(client, settings.fleet)
         self.up = False
         self.last_sync = 0.0  # monotonic time of the last successful resync
         self.last_error = ""
@@ -71,8 +80,8 @@ class Discovery:
         for worker_id in self.view.dynamic_ids() - seen:
             log.info("worker %s left (record gone)", worker_id)
             self.view.remove(worker_id)
-        self.last_sync = time.monotonic()
         self._mark_up()
+        self.last_sync = time.monotonic()
         self.synced.set()
 
     async def _resync_loop(self) -> None:

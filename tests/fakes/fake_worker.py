@@ -35,7 +35,7 @@ from fleet.records import (
 )
 from fleet.store import FleetStore, connect
 
-WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 class State:

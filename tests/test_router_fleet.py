@@ -1,0 +1,193 @@
+"""omni-router discovering fake workers through a private real Redis: join, drain, leave,
+heartbeat expiry, a worker killed under traffic, Redis going away and coming back, and
+WebSocket sessions pinned to one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from fleet.redis_server import RedisServer
+from fleet.store import FleetStore, connect
+from tests.fakes.procs import FakeWorker, Router, chat, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def routable(router: Router) -> set[str]:
+    return {w["id"] for w in router.diagnostics()["workers"] if w["routable"]}
+
+
+def spread(router: Router, n: int, **kw: object) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _ in range(n):
+        r = chat(router.url, **kw)
+        assert r.status_code == 200, r.text
+        wid = r.headers["x-omni-worker-id"]
+        counts[wid] = counts.get(wid, 0) + 1
+    return counts
+
+
+def test_join_ready_drain_leave_and_heartbeat_expiry(redis_url: str) -> None:
+    router = Router("--redis-url", redis_url, name="router-fleet")
+    w1 = FakeWorker("w1", redis_url=redis_url)
+    w2 = w3 = None
+    try:
+        wait_for(lambda: routable(router) == {"w1"}, 5)
+        w2 = FakeWorker("w2", redis_url=redis_url)
+        # routable within 1 s of registering ready (the fake registers right after it listens)
+        t0 = time.monotonic()
+        wait_for(lambda: routable(router) == {"w1", "w2"}, 5, interval=0.02)
+        assert time.monotonic() - t0 < 1.0
+        assert set(spread(router, 20)) == {"w1", "w2"}
+
+        # drain: no new requests within 1 s
+        w1.control("drain")
+        t0 = time.monotonic()
+        wait_for(lambda: routable(router) == {"w2"}, 5, interval=0.02)
+        assert time.monotonic() - t0 < 1.0
+        assert spread(router, 10) == {"w2": 10}
+        assert router.metrics().count("omni_router_workers_draining 1.0") == 1
+
+        # leave: deregistered at once
+        w1.control("leave")
+        wait_for(lambda: {w["id"] for w in router.diagnostics()["workers"]} == {"w2"}, 5)
+
+        # a worker that stops heartbeating drops out when its record's TTL runs out
+        w3 = FakeWorker("w3", "--ttl-ms", "600", redis_url=redis_url)
+        wait_for(lambda: "w3" in routable(router), 5)
+        w3.kill()
+        wait_for(lambda: "w3" not in {w["id"] for w in router.diagnostics()["workers"]}, 5)
+        assert spread(router, 5) == {"w2": 5}
+    finally:
+        router.stop()
+        for w in (w1, w2, w3):
+            if w is not None:
+                w.stop()
+
+
+@pytest.mark.slow
+def test_worker_killed_under_traffic_fails_only_requests_it_had(
+    redis_url: str, tmp_path: Path
+) -> None:
+    log1 = tmp_path / "w1.ids"
+    w1 = FakeWorker("w1", "--delay-ms", "30", "--id-log", str(log1), redis_url=redis_url)
+    w2 = FakeWorker("w2", "--delay-ms", "30", redis_url=redis_url)
+    router = Router("--redis-url", redis_url, "--policy", "round_robin", name="router-kill")
+    results: list[tuple[int, str, float]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=10) as http:
+            while not stop.is_set():
+                started = time.monotonic()
+                r = http.post(
+                    router.url + "/v1/chat/completions",
+                    json={"model": "fake-model", "messages": []},
+                )
+                results.append((r.status_code, r.headers.get("x-omni-worker-id", ""), started))
+
+    try:
+        wait_for(lambda: routable(router) == {"w1", "w2"}, 5)
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        w1.kill()  # returns once the process is gone, its sockets closed by the kernel
+        killed = time.monotonic()
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        reached_w1 = set(log1.read_text().split())
+        failed = [(status, wid, t) for status, wid, t in results if status != 200]
+        assert len(results) > 100 and len(reached_w1) > 20
+        # every failure is a request the router had already sent to the killed worker (it was
+        # dispatched to w1 and its client sent it before the kill completed); requests that
+        # arrived later were never sent to the dead worker
+        for status, wid, started in failed:
+            assert status == 502 and wid == "w1" and started < killed, (status, wid)
+        assert len(failed) <= 6  # at most one in flight per client connection
+        after = spread(router, 10)
+        assert after == {"w2": 10}
+    finally:
+        stop.set()
+        router.stop()
+        w1.stop()
+        w2.stop()
+
+
+def test_websocket_session_is_pinned_to_one_worker(redis_url: str) -> None:
+    w1 = FakeWorker("w1", redis_url=redis_url)
+    w2 = FakeWorker("w2", redis_url=redis_url)
+    router = Router("--redis-url", redis_url, name="router-ws")
+    ws_url = router.url.replace("http://", "ws://") + "/v1/realtime"
+
+    async def session(headers: dict[str, str] | None = None) -> tuple[str, set[str]]:
+        async with websockets.connect(ws_url, additional_headers=headers) as ws:
+            worker = ws.response.headers["x-omni-worker-id"]
+            prefixes = set()
+            for i in range(10):
+                await ws.send(f"hello {i}")
+                reply = await asyncio.wait_for(ws.recv(), 5)
+                prefix, _, text = str(reply).partition(":")
+                assert text == f"hello {i}"
+                prefixes.add(prefix)
+            return worker, prefixes
+
+    try:
+        wait_for(lambda: routable(router) == {"w1", "w2"}, 5)
+        for _ in range(3):
+            worker, prefixes = asyncio.run(session())
+            assert prefixes == {worker}  # every message of the session went to one worker
+        first, _ = asyncio.run(session({"x-session-id": "call-42"}))
+        for _ in range(3):  # same session key: same worker on every new connection
+            assert asyncio.run(session({"x-session-id": "call-42"}))[0] == first
+        assert w1.stats()["ws_messages"] + w2.stats()["ws_messages"] == 70
+        wait_for(lambda: router.diagnostics()["router"]["websocket_sessions"] == 0, 5)
+    finally:
+        router.stop()
+        w1.stop()
+        w2.stop()
+
+
+def test_redis_going_away_and_coming_back() -> None:
+    with RedisServer() as redis:
+        w1 = FakeWorker("w1", redis_url=redis.url)
+        router = Router("--redis-url", redis.url, name="router-redis")
+        try:
+            wait_for(lambda: routable(router) == {"w1"}, 5)
+            assert router.ready()["redis"] == "ok"
+            redis.stop()
+            wait_for(lambda: router.ready()["redis"] == "unreachable", 5)
+            ready = router.ready()
+            assert ready["ready"] and "last known fleet view" in ready["detail"]
+            assert router.diagnostics()["redis"]["state"] == "unreachable"
+            assert "omni_router_redis_up 0.0" in router.metrics()
+            # keeps routing on the last view, sessions included (hashed, no Redis round trip)
+            assert spread(router, 5) == {"w1": 5}
+            assert spread(router, 3, headers={"x-session-id": "s1"}) == {"w1": 3}
+            assert 'omni_router_affinity_outcomes_total{outcome="hashed"} 3.0' in router.metrics()
+            redis.start()  # same port, empty: the worker re-registers on its next heartbeat
+            wait_for(lambda: router.ready()["redis"] == "ok", 10)
+            wait_for(lambda: routable(router) == {"w1"}, 10)
+            assert spread(router, 3, headers={"x-session-id": "s1"}) == {"w1": 3}
+            assert "omni_router_redis_reconnects_total 1.0" in router.metrics()
+
+            async def bound() -> str | None:
+                store = FleetStore(connect(redis.url), "default")
+                try:
+                    return await store.lookup_session("s1", 10_000)
+                finally:
+                    await store.close()
+
+            assert asyncio.run(bound()) == "w1"
+        finally:
+            router.stop()
+            w1.stop()
