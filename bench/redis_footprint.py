@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
+import time
 import uuid
 
 import redis
@@ -133,6 +135,16 @@ async def main(workers: int, sessions: int) -> None:
             await store.write_record(rec, ttl_ms=600_000)
             await store.publish_load(load(rec.id), ttl_ms=600_000)
         after_workers = sync.info("memory")["used_memory"]
+        # What one router resync reads (every --resync-interval-s, per router process).
+        timings = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            views = await store.snapshot()
+            timings.append(time.perf_counter() - t0)
+        resync_bytes = sum(
+            len(v.record.model_dump_json()) + len(v.load.model_dump_json() if v.load else "")
+            for v in views.values()
+        )
 
         batch = 10_000
         for start in range(0, sessions, batch):
@@ -173,6 +185,10 @@ async def main(workers: int, sessions: int) -> None:
             f"+{sessions} sessions {(after_sessions - after_workers) / 1e6:.1f} MB "
             f"({(after_sessions - after_workers) / max(sessions, 1):.0f} B/session); "
             f"+1 voice {(after_voice - after_sessions) / 1e6:.2f} MB"
+        )
+        print(
+            f"one resync of {len(views)} workers: {resync_bytes / 1e6:.1f} MB of JSON, "
+            f"median {statistics.median(timings) * 1000:.0f} ms (client decode included)"
         )
         await store.close()
         sync.close()
