@@ -1,0 +1,165 @@
+"""Router building blocks without processes: settings, classification, policies, health."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from fleet.errors import OmniError
+from fleet.records import Endpoint, LoadReport, Modality, WorkerRecord, WorkerStatus
+from router.admission import Admission
+from router.classify import StageClass, classify_json
+from router.health import Breaker, HealthState
+from router.metrics import Metrics
+from router.policies import (
+    choose_hash,
+    choose_least_inflight,
+    choose_load,
+    choose_round_robin,
+    load_score,
+    over_bound,
+)
+from router.settings import Policy, RouterSettings
+from router.view import FleetView, WorkerState
+
+
+def settings(**kw: object) -> RouterSettings:
+    return RouterSettings(worker=["http://127.0.0.1:9"], **kw)  # type: ignore[arg-type]
+
+
+def worker(worker_id: str, in_flight: int = 0, capacity: int = 64, **load: dict) -> WorkerState:
+    record = WorkerRecord(
+        id=worker_id,
+        url="http://127.0.0.1:9",
+        node="n",
+        model="m",
+        served_models=["m"],
+        capacity=capacity,
+        status=WorkerStatus.READY,
+    )
+    w = WorkerState(record, settings(), static=False)
+    w.in_flight = in_flight
+    if load:
+        w.update_load(LoadReport(worker_id=worker_id, **load))
+    return w
+
+
+def test_cli_flags_repeat_and_validate() -> None:
+    s = CliApp.run(
+        RouterSettings,
+        cli_args=["--worker", "http://127.0.0.1:1", "--worker", "http://localhost:2/",
+                  "--policy", "hash", "--api-key", "k-s3cret"],
+    )  # fmt: skip
+    assert s.worker == ["http://127.0.0.1:1", "http://localhost:2"]
+    assert s.policy is Policy.HASH and s.api_key[0].get_secret_value() == "k-s3cret"
+    assert "s3cret" not in repr(s)
+    with pytest.raises(ValidationError, match="HOST:PORT"):
+        RouterSettings(worker=["127.0.0.1:1"])
+    with pytest.raises(ValidationError, match="redis-url"):
+        RouterSettings()
+    with pytest.raises(ValidationError):
+        RouterSettings(worker=["http://a:1"], no_such_flag=1)  # type: ignore[call-arg]
+
+
+def test_classification_reads_routing_fields_only() -> None:
+    body = (
+        b'{"model":"m","stream":true,"user":"u1","modalities":["text","audio"],'
+        b'"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}'
+    )
+    c = classify_json(Endpoint.CHAT, body, b"application/json; charset=utf-8", True)
+    assert (c.model, c.stream, c.session_key, c.stage_class) == ("m", True, "u1", "speech")
+    assert c.inputs == {Modality.TEXT, Modality.AUDIO} and Modality.AUDIO in c.outputs
+    text = classify_json(Endpoint.CHAT, b'{"model":"m","messages":[]}', b"application/json", True)
+    assert text.stage_class == StageClass.TEXT and not text.stream
+    for bad, status in ((b"{", 400), (b"[]", 400), (b'{"model":1}', 400)):
+        with pytest.raises(OmniError) as err:
+            classify_json(Endpoint.CHAT, bad, b"application/json", True)
+        assert err.value.status == status
+    with pytest.raises(OmniError) as err:
+        classify_json(Endpoint.CHAT, b"{}", b"text/plain", True)
+    assert err.value.status == 415
+
+
+def test_load_score_weights_the_stage_the_request_class_loads() -> None:
+    thinker_busy = worker("a", queue_depth={"thinker": 8, "talker": 0})
+    talker_busy = worker("b", queue_depth={"thinker": 0, "talker": 8})
+    assert load_score(thinker_busy, "text") > load_score(talker_busy, "text")
+    assert load_score(talker_busy, "speech") > load_score(thinker_busy, "speech")
+    picks = Counter(choose_load([thinker_busy, talker_busy], "text", None).id for _ in range(50))
+    assert picks == {"b": 50}  # two candidates: power of two choices always compares both
+
+
+def test_least_inflight_round_robin_and_rendezvous() -> None:
+    ws = [worker("a", 3), worker("b", 1), worker("c", 2)]
+    assert choose_least_inflight(ws, "text", None).id == "b"
+    order = [choose_round_robin(ws, "text", None).id for _ in range(6)]
+    assert sorted(order[:3]) == ["a", "b", "c"] and order[3:] == order[:3]
+    # recency order: a changed candidate set continues with its least recently picked member
+    first_two = [w for w in order[:3] if w in ("a", "b")]
+    assert choose_round_robin(ws[:2], "text", None).id == first_two[0]
+    keys = [f"k{i}" for i in range(200)]
+    before = {k: choose_hash(ws, "text", k).id for k in keys}
+    after = {k: choose_hash([*ws, worker("d")], "text", k).id for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved and all(after[k] == "d" for k in moved)  # a join moves only keys it wins
+
+
+def test_bounded_load() -> None:
+    ws = [worker("a", 10, capacity=10), worker("b", 0, capacity=10), worker("c", 1, capacity=10)]
+    assert over_bound(ws[0], ws, "text", 1.25)
+    assert not over_bound(ws[1], ws, "text", 1.25)
+    idle = [worker("x"), worker("y")]
+    assert not over_bound(idle[0], idle, "text", 1.25)
+
+
+def test_health_thresholds_and_breaker() -> None:
+    h = HealthState(healthy_after=2, unhealthy_after=2, breaker_failures=3, breaker_open_s=0.05)
+    h.probe_result(False)
+    assert h.healthy and h.admits
+    assert h.probe_result(False) and not h.healthy and not h.admits
+    h.probe_result(True)
+    assert not h.healthy
+    assert h.probe_result(True) and h.healthy and h.admits
+    for _ in range(3):
+        h.request_failed("HTTP 500")
+    assert h.breaker is Breaker.OPEN and not h.admits
+    time.sleep(0.06)
+    assert not h.admits and h.breaker is Breaker.HALF_OPEN  # no traffic until a probe passes
+    h.probe_result(False)
+    assert h.breaker is Breaker.OPEN
+    time.sleep(0.06)
+    assert not h.admits
+    h.probe_result(True)
+    assert h.breaker is Breaker.CLOSED and h.admits
+
+
+def test_admission_reasons() -> None:
+    view = FleetView(settings())
+    view.upsert(worker("a").record)
+    drained = worker("b").record.model_copy(update={"status": WorkerStatus.DRAINING})
+    view.upsert(drained)
+    adm = Admission(view, max_in_flight=2, retry_after_s=1)
+    c = classify_json(Endpoint.CHAT, b'{"model":"nope"}', b"application/json", True)
+    with pytest.raises(OmniError) as err:
+        adm.admit(c, 0)
+    assert err.value.status == 404 and err.value.code.value == "model_not_found"
+    view.remove("a")
+    c = classify_json(Endpoint.CHAT, b'{"model":"m"}', b"application/json", True)
+    with pytest.raises(OmniError) as err:
+        adm.admit(c, 0)
+    assert err.value.status == 503 and "draining" in err.value.message
+    with pytest.raises(OmniError) as err:
+        adm.admit(c, 2)
+    assert err.value.status == 429
+
+
+def test_metrics_use_fixed_label_vocabularies() -> None:
+    m = Metrics()
+    m.request("chat", 200, 0.01)
+    text = m.render().decode()
+    assert 'omni_router_requests_total{route="chat",status_class="2xx"} 1.0' in text
+    assert 'omni_router_request_duration_seconds_bucket{le="0.025",route="chat"} 1.0' in text
