@@ -155,7 +155,15 @@ class Router:
         body = req.body
         rid = self.rid_prefix + b"%x" % next(self.rid_counter)
         rid_line = b"x-omni-request-id: " + rid + b"\r\n"
-        if body or req.method not in _NO_LENGTH_METHODS:
+        if body is None:  # a streamed upload: its body follows, framed as the client framed it
+            body = b""
+            length = client.upload_length
+            fwd.append(
+                b"transfer-encoding: chunked\r\n"
+                if length is None
+                else b"content-length: " + length + b"\r\n"
+            )
+        elif body or req.method not in _NO_LENGTH_METHODS:
             fwd.append(b"content-length: %d\r\n" % len(body))
         fwd += (rid_line, self.worker_token_line, b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
@@ -204,6 +212,8 @@ class Router:
         client.upstream = conn
         client.extra_headers = d.rid_line + worker.id_line
         conn.send(client, d.reqline + worker.host_line + d.head_tail + d.body)
+        if client.uploading or client.upload_ended:
+            client.upload_attached(conn)
         if client.paused:
             conn.pause_reading()
         self.active.add(client)

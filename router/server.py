@@ -13,6 +13,9 @@ import httptools
 from fleet.errors import ErrorCode
 from router.http.wire import error_response
 
+# POST bodies that routing does not need (multipart uploads): streamed, not buffered
+STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
+
 if TYPE_CHECKING:
     from router.app import Router
     from router.http.proxy import Upstream
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
 
 
 class Request:
+    """One parsed request. ``body`` is None for a streamed upload (it follows separately)."""
+
     __slots__ = ("body", "headers", "http11", "keep_alive", "method", "upgrade", "url")
 
     def __init__(
@@ -27,7 +32,7 @@ class Request:
         method: bytes,
         url: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | None,
         keep_alive: bool,
         http11: bool,
         upgrade: bool,
@@ -62,6 +67,12 @@ class ClientConnection(asyncio.Protocol):
         "transport",
         "tunnel",
         "upgrade_req",
+        "upload_buf",
+        "upload_chunked",
+        "upload_ended",
+        "upload_length",
+        "upload_sink",
+        "uploading",
         "upstream",
         "url",
         "worker",
@@ -92,6 +103,13 @@ class ClientConnection(asyncio.Protocol):
         self.tunnel: asyncio.Transport | None = None
         self.upgrade_req: Request | None = None
         self.ws_pending: bytearray | None = None  # client bytes that came before the tunnel
+        # request bodies that routing does not read (uploads) stream to the worker
+        self.uploading = False  # the current request's body is still arriving
+        self.upload_ended = False
+        self.upload_chunked = False
+        self.upload_length: bytes | None = None
+        self.upload_sink: Upstream | None = None
+        self.upload_buf: list[bytes] = []  # upload pieces that came before the worker connection
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -165,18 +183,58 @@ class ClientConnection(asyncio.Protocol):
                 expect = value
         if length is not None and length.isdigit() and int(length) > self.max_body:
             self.too_large()
-        elif expect is not None and expect.lower() == b"100-continue" and not self.closed:
+            return
+        if expect is not None and expect.lower() == b"100-continue" and not self.closed:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it
+        if self.busy or self.closed or self.parser.get_method() != b"POST":
+            return
+        path = self.url.split(b"?", 1)[0]
+        if path in STREAMED_UPLOADS or path.startswith(b"/v1/audio/voices/"):
+            # routing needs nothing from this body: dispatch now, stream the body behind it
+            self.uploading = True
+            self.upload_ended = False
+            self.upload_buf = []
+            self.upload_length = length
+            self.upload_chunked = length is None
+            parser = self.parser
+            self.start(
+                Request(
+                    b"POST",
+                    self.url,
+                    self.headers,
+                    None,
+                    parser.should_keep_alive(),
+                    parser.get_http_version() == "1.1",
+                    False,
+                )
+            )
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)
         if self.body_size > self.max_body:
             self.too_large()
             return
+        if self.uploading:
+            if self.upload_sink is None:
+                self.upload_buf.append(body)
+            else:
+                self.upload_sink.transport.write(  # type: ignore[union-attr]
+                    b"%x\r\n%b\r\n" % (len(body), body) if self.upload_chunked else body
+                )
+            return
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         if self.closed:
+            return
+        if self.uploading:
+            self.uploading = False
+            if self.upload_sink is None:
+                self.upload_ended = True  # buffered until the worker connection is ready
+            else:
+                if self.upload_chunked:
+                    self.upload_sink.transport.write(b"0\r\n\r\n")  # type: ignore[union-attr]
+                self.upload_sink = None
             return
         parser = self.parser
         body = self.body
@@ -212,6 +270,11 @@ class ClientConnection(asyncio.Protocol):
         self.busy = False
         self.upstream = None
         self.worker = None
+        self.upload_sink = None
+        self.upload_ended = False
+        if self.uploading:  # answered before its body ended: the rest is not worth reading
+            self.uploading = False
+            self.keep_alive = False
         if self.closed:
             return
         if not self.keep_alive:
@@ -246,6 +309,20 @@ class ClientConnection(asyncio.Protocol):
                 ErrorCode.BODY_TOO_LARGE,
                 f"request body is larger than {self.max_body} bytes",
             )
+
+    def upload_attached(self, conn: Upstream) -> None:
+        """The worker connection for a streamed upload is ready: send what arrived so far."""
+        pieces, self.upload_buf = self.upload_buf, []
+        chunked = self.upload_chunked
+        write = conn.transport.write  # type: ignore[union-attr]
+        for piece in pieces:
+            write(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+        if self.upload_ended:
+            self.upload_ended = False
+            if chunked:
+                write(b"0\r\n\r\n")
+        else:
+            self.upload_sink = conn
 
     # called by the relay (router.http.proxy.Upstream)
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None:

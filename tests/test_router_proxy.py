@@ -3,6 +3,7 @@ load spreading, admission limits, API keys and secrets. Real router and fake-wor
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from fleet.redis_server import free_port
 from tests.fakes.procs import FakeWorker, Router, chat, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -230,3 +232,83 @@ def test_api_keys_worker_token_and_no_secrets_in_diagnostics_or_metrics(workers)
             assert "s3cret" not in text and "second-key" not in text
     finally:
         router.stop()
+
+
+def test_connect_failure_is_retried_on_another_worker(workers) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    router = Router("--worker", dead, "--worker", workers[0].url, "--policy", "round_robin",
+                    "--unhealthy-after", "100", name="router-retry")  # fmt: skip
+    try:
+        results = [chat(router.url) for _ in range(10)]
+        assert all(r.status_code == 200 for r in results)
+        assert {r.headers["x-omni-worker-id"] for r in results} == {f"127.0.0.1:{workers[0].port}"}
+        assert 'omni_router_policy_outcomes_total{outcome="retried"}' in router.metrics()
+        assert 'outcome="retried"} 0.0' not in router.metrics()
+    finally:
+        router.stop()
+
+
+def test_headers_and_idle_timeouts() -> None:
+    slow_head = FakeWorker("slowhead", "--delay-ms", "3000")
+    slow_chunks = FakeWorker("slowchunks", "--chunks", "3", "--chunk-delay-ms", "3000")
+    router = Router("--worker", slow_head.url, "--headers-timeout-s", "0.4", name="router-hto")
+    idle = Router("--worker", slow_chunks.url, "--idle-timeout-s", "0.4", name="router-ito")
+    try:
+        r = chat(router.url)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "worker_timeout"
+        body = {"model": "fake-model", "stream": True, "messages": []}
+        with httpx.stream("POST", idle.url + "/v1/chat/completions", json=body, timeout=10) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert len(lines) == 2
+        assert orjson.loads(lines[-1][6:])["error"]["code"] == "stream_interrupted"
+    finally:
+        router.stop()
+        idle.stop()
+        slow_head.stop()
+        slow_chunks.stop()
+
+
+def test_redis_password_never_shows(workers) -> None:
+    port = free_port()  # no Redis there: the router runs on its static worker and says so
+    url = f"redis://user:hunter2-pw@127.0.0.1:{port}/0"
+    router = Router("--redis-url", url, "--worker", workers[0].url, name="router-pw")
+    try:
+        assert chat(router.url).status_code == 200
+        diag = router.diagnostics()
+        assert diag["redis"]["url"] == f"redis://user:***@127.0.0.1:{port}/0"
+        assert diag["redis"]["state"] == "unreachable"
+        for text in (orjson.dumps(diag).decode(), router.metrics(), router.output()):
+            assert "hunter2" not in text
+    finally:
+        router.stop()
+    assert "hunter2" not in router.output()
+
+
+def test_uploads_stream_to_the_worker_without_buffering(workers) -> None:
+    big = Router("--worker", workers[0].url, name="router-upload")
+    payload = [bytes([i]) * 200_000 for i in range(4)]
+    digest = hashlib.sha256(b"".join(payload)).hexdigest()
+    sent_last: list[float] = []
+
+    def body() -> Iterator[bytes]:
+        for i, piece in enumerate(payload):
+            if i == len(payload) - 1:
+                time.sleep(0.5)
+                sent_last.append(time.time())
+            yield piece
+
+    headers = {"content-type": "multipart/form-data; boundary=x"}
+    url = big.url + "/v1/audio/transcriptions"
+    try:
+        r = httpx.post(url, content=body(), headers=headers, timeout=10)  # chunked upload
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert doc["bytes"] == 800_000 and doc["sha256"] == digest and doc["chunked"]
+        # the worker had the request before the client sent the last piece: no buffering
+        assert doc["t_head"] < sent_last[0]
+        r = httpx.post(url, content=b"".join(payload), headers=headers, timeout=10)
+        assert r.status_code == 200 and r.json()["sha256"] == digest
+        assert not r.json()["chunked"]  # Content-Length framing kept
+        assert chat(big.url).status_code == 200  # the connection state is clean afterwards
+    finally:
+        big.stop()

@@ -155,6 +155,17 @@ class Upstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    # the worker's socket buffer is full while an upload streams to it: stop reading the client
+    def pause_writing(self) -> None:
+        client = self.client
+        if client is not None and not client.transport.is_closing():
+            client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        client = self.client
+        if client is not None and not client.transport.is_closing():
+            client.transport.resume_reading()
+
     def pause_reading(self) -> None:
         if self.transport is not None:
             self.transport.pause_reading()

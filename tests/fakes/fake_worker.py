@@ -128,12 +128,16 @@ class Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode().lower()] = value.decode("latin-1")
 
+    def on_headers_complete(self) -> None:
+        self.t_head = time.time()
+
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         if self.parser.should_upgrade():
             return
+        self.headers["t-head"] = str(self.t_head)
         self.queue.put_nowait(
             (self.parser.get_method(), self.url.decode(), self.headers, b"".join(self.body))
         )
@@ -156,6 +160,17 @@ class Conn(asyncio.Protocol):
         if path == "/v1/models":
             data = [{"id": m, "object": "model", "owned_by": a.id} for m in a.model]
             w(response(200, orjson.dumps({"object": "list", "data": data})))
+            return
+        if path == "/v1/audio/transcriptions" and method == b"POST":
+            doc = {
+                "text": "fake",
+                "bytes": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "t_head": float(headers["t-head"]),
+                "t_done": time.time(),
+                "chunked": headers.get("transfer-encoding") == "chunked",
+            }
+            w(response(200, orjson.dumps(doc)))
             return
         if path not in ("/v1/chat/completions", "/v1/audio/speech") or method != b"POST":
             w(response(404, b'{"error":{"code":"not_found"}}'))
@@ -391,7 +406,9 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=5)
     p.add_argument("--chunk-delay-ms", type=float, default=0.0)
     p.add_argument("--capacity", type=int, default=64)
-    p.add_argument("--endpoints", nargs="+", default=["chat", "speech", "realtime"])
+    p.add_argument(
+        "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]
+    )
     p.add_argument("--outputs", nargs="+", default=["text", "audio"])
     p.add_argument("--redis-url", default=None)
     p.add_argument("--fleet", default="default")
