@@ -1,8 +1,9 @@
 """How much Redis memory a fleet needs: measured on a private redis-server, not estimated.
 
-Writes realistic records through ``FleetStore`` (a Qwen3-Omni worker on an 8-GPU node with its
-full launch plan, a load report with all seven stages, session bindings with UUID keys, one
-uploaded voice) and reads ``MEMORY USAGE`` per key and ``used_memory`` before and after.
+Writes realistic records through ``FleetStore`` (a Qwen3-Omni worker on an 8xH100 node with
+the launch plan the planner makes for it, a load report with all seven stages, session bindings
+with UUID keys, one uploaded voice) and reads ``MEMORY USAGE`` per key and ``used_memory``
+before and after, and times one router resync (``FleetStore.snapshot``).
 
     python bench/redis_footprint.py [--workers 500] [--sessions 200000]
 
@@ -22,17 +23,9 @@ import redis
 from fleet.records import LoadReport, VoiceRecord, WorkerRecord
 from fleet.redis_server import RedisServer
 from fleet.store import FleetStore, connect
-from planner.plan import (
-    GpuPlan,
-    LaunchPlan,
-    MemoryBudget,
-    NodePlan,
-    ProcessPlan,
-    ReplicaPlan,
-    StagePlacement,
-)
+from planner.api import plan_spec
 
-GIB = 1024**3
+SPEC = "configs/models/qwen3-omni-30b-a3b-speech.yaml"
 STAGES = (
     "preprocessing",
     "image_encoder",
@@ -42,67 +35,18 @@ STAGES = (
     "talker",
     "code2wav",
 )
-
-
-def omni_plan(node: str) -> LaunchPlan:
-    """Qwen3-Omni speech, default two-GPU layout, four replicas on 8xH100-80GB."""
-    gpus = [
-        GpuPlan(
-            index=i,
-            name="H100-80GB",
-            capacity_bytes=80 * GIB,
-            reserved_bytes=4 * GIB,
-            by_stage={f"{i // 2}/{s}": MemoryBudget(weights=GIB, kv_cache=GIB) for s in STAGES[:4]},
-            planned=MemoryBudget(weights=64 * GIB, kv_cache=8 * GIB, activations=GIB, runtime=GIB),
-        )
-        for i in range(8)
-    ]
-    processes, replicas = [], []
-    for r in range(4):
-        names = []
-        for stage in STAGES:
-            gpu = [] if stage in ("preprocessing", "decode") else [2 * r + (stage == "talker")]
-            name = f"{r}/{stage}"
-            names.append(name)
-            processes.append(
-                ProcessPlan(
-                    name=name,
-                    group=stage,
-                    replica=r,
-                    stages=[
-                        StagePlacement(
-                            stage=stage,
-                            memory=MemoryBudget(weights=31 * GIB, kv_cache=8 * GIB),
-                            kv_tokens=81920,
-                            max_running_requests=64,
-                            params=31_719_205_488,
-                            kv_bytes_per_token=98_304,
-                        )
-                    ],
-                    device="gpu" if gpu else "cpu",
-                    gpus=gpu,
-                    env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu))},
-                    memory_per_gpu=MemoryBudget(weights=31 * GIB, kv_cache=8 * GIB),
-                    engine_fraction=0.85 if gpu else None,
-                )
-            )
-        replicas.append(ReplicaPlan(index=r, gpus=[2 * r, 2 * r + 1], processes=names))
-    return LaunchPlan(
-        spec="qwen3-omni-speech",
-        spec_digest="0" * 64,
-        fits=True,
-        nodes=[NodePlan(node=node, gpus=gpus, replicas=replicas, processes=processes)],
-    )
+# The plan a worker on an 8xH100 node computes at start-up and puts in its record.
+PLAN = plan_spec(SPEC, "8xH100-80GB").plan
 
 
 def record(i: int) -> WorkerRecord:
     node = f"gpu-node-{i:04d}"
-    plan = omni_plan(node)
+    plan = PLAN
     return WorkerRecord(
         id=f"omni-worker-{uuid.uuid4().hex[:5]}",
         url=f"http://10.{i // 250}.{i % 250}.7:8100",
         node=node,
-        model="qwen3-omni-speech",
+        model="qwen3-omni-30b-a3b-speech",
         served_models=["Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3-omni"],
         capacity=64,
         plan_digest=plan.digest(),
