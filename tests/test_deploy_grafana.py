@@ -112,10 +112,14 @@ def exposition_families(text: str) -> dict[str, set[str]]:
 
 
 def router_series() -> dict[str, set[str]]:
+    """A real ``Router`` (its gauges are wired by the app, not by ``router.metrics``); built
+    over a static worker, which needs no Redis and opens no connection."""
     from fleet.errors import ErrorCode
-    from router.metrics import ROUTES, Metrics
+    from router.app import Router
+    from router.metrics import ROUTES
+    from router.settings import RouterSettings
 
-    metrics = Metrics()
+    metrics = Router(RouterSettings(worker=["http://127.0.0.1:9"])).metrics
     for route in ROUTES:  # touch every labelled series once, so that the labels show
         metrics.request(route, 200, 0.01)
         metrics.error(route, ErrorCode.INTERNAL_ERROR)
@@ -173,6 +177,8 @@ def test_the_dashboard_covers_router_and_worker_signals() -> None:
         "omni_router_request_duration_seconds_bucket",
         "omni_router_errors_total",
         "omni_router_affinity_outcomes_total",
+        "omni_router_in_flight",
+        "omni_router_workers_routable",
         "omni_worker_stage_queue_depth",
         "omni_worker_status",
         "omni_worker_in_flight",
