@@ -198,6 +198,8 @@ def test_probes_point_at_the_documented_paths_and_ports() -> None:
     assert probe(worker, "readinessProbe") == ("/ready", 8100)
     assert probe(worker, "livenessProbe") == ("/health", 8100)
     assert env_of(router)["OMNI_PORT"]["value"] == "8000"
+    # one process per pod, so that every scrape of /metrics reaches the same counters
+    assert env_of(router)["OMNI_PROCESSES"]["value"] == "1"
     assert env_of(worker)["OMNI_PORT"]["value"] == "8100"
     assert env_of(worker)["OMNI_ADVERTISE_URL"]["value"] == "http://$(POD_IP):8100"
     assert env_of(worker)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
