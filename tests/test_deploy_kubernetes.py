@@ -218,6 +218,8 @@ def test_worker_runs_on_gpu_nodes_and_drains_on_termination() -> None:
     assert "kill -TERM 1" in pre_stop and "while kill -0 1" in pre_stop
     drain = float(env_of(container)["OMNI_DRAIN_TIMEOUT"]["value"])
     assert spec["terminationGracePeriodSeconds"] > drain
+    # the spec ships with the package (relative paths resolve beside it, as the worker does)
+    assert (REPO / env_of(container)["OMNI_SPEC"]["value"]).is_file()
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["cache"] == env_of(container)["OMNI_CACHE_DIR"]["value"]
     assert {v["name"] for v in spec["volumes"]} >= set(mounts)
