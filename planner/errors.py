@@ -28,7 +28,10 @@ class ArchitectureError(PlannerError):
 
 def closest(name: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' or '' when nothing is close."""
-    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    names = sorted(choices)
+    # A prefix ("tp" -> "tp_size") says more than edit distance on short names.
+    prefixed = [n for n in names if n.startswith(name) or name.startswith(n)]
+    match = prefixed[:1] or difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     return f"; did you mean {match[0]!r}?" if match else ""
 
 

@@ -18,11 +18,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from planner.archs import MetaModel, build
 from planner.errors import ArchitectureError, SpecError
+
+if TYPE_CHECKING:  # torch is imported only when a model is built
+    from torch import nn
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import ArchitectureError
+
+if TYPE_CHECKING:  # torch is imported only when a model is built
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ def build_transformers(config: dict[str, Any]) -> MetaModel:
         raise ArchitectureError(
             f"no transformers model class for architectures {names} (model_type {model_type!r})"
         )
+    import torch
+
     with torch.device("meta"):
         model = cls(cfg)
     return MetaModel(model=model, model_type=model_type, builder=f"transformers:{cls.__name__}")

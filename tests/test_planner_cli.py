@@ -1,0 +1,84 @@
+"""``omni-plan`` as a real subprocess: the table, --json, --svg, explain, and exit statuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "configs" / "models"
+
+
+def omni_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("omni-plan")
+    cmd = [exe] if exe else [sys.executable, "-m", "planner.cli"]
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(ROOT)} | _keep(),
+    )  # fmt: skip
+
+
+def _keep() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def test_table_and_svg(tmp_path: Path) -> None:
+    svg = tmp_path / "gpus.svg"
+    out = omni_plan(
+        str(MODELS / "qwen3-omni-30b-a3b-speech.yaml"), "--gpus", "2xH100-80GB", "--svg", str(svg)
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "qwen3-omni-30b-a3b-speech (2xH100-80GB): fits, 1 replica(s)" in text
+    assert "CUDA_VISIBLE_DEVICES" in text and "0/thinker" in text and "0/talker" in text
+    assert "65,536" in text  # the thinker's KV tokens: 16 requests x 4096
+    root = ET.parse(svg).getroot()
+    titles = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert any(t.startswith("0/thinker weights: 61,065,293,824 B") for t in titles)
+    assert any(t.startswith("0/talker kv_cache:") for t in titles)
+
+
+def test_json_is_the_launch_plan() -> None:
+    out = omni_plan(str(MODELS / "qwen3-tts-12hz-0.6b.yaml"), "--gpus", "1xL4-24GB", "--json",
+                    "--tts_engine.engine.max_running_requests", "8")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["version"] == 1 and plan["fits"] is True and plan["spec"] == "qwen3-tts-12hz-0.6b"
+    (node,) = plan["nodes"]
+    engine = node["processes"][0]["stages"][1]
+    assert engine["stage"] == "tts_engine" and engine["params"] == 905_788_672
+    assert engine["kv_tokens"] == 8 * 2048
+    assert node["processes"][0]["env"] == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_does_not_fit_exits_1_with_the_overflow_and_fixes() -> None:
+    out = omni_plan(str(MODELS / "qwen3-8b.yaml"), "--gpus", "1xL4-24GB")
+    assert out.returncode == 1
+    assert "does not fit" in out.stdout
+    assert "error: node node0 GPU 0 (L4-24GB)" in out.stdout and "overflow" in out.stdout
+    assert "fix: more TP: --llm.tp_size 2" in out.stdout
+
+
+def test_bad_override_exits_2_with_the_suggestion() -> None:
+    out = omni_plan(str(MODELS / "qwen3-8b.yaml"), "--gpus", "1xH100-80GB", "--lm.tp_size", "2")
+    assert out.returncode == 2
+    assert "unknown stage 'lm'" in out.stderr and "did you mean 'llm'?" in out.stderr
+
+
+def test_explain(tmp_path: Path) -> None:
+    ov = tmp_path / "ov.yaml"
+    ov.write_text("stages:\n  llm:\n    engine: {context_length: 4096}\n")
+    out = omni_plan("explain", str(MODELS / "qwen3-8b.yaml"), "llm.engine.context_length",
+                    "--override-file", str(ov))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "stages.llm.engine.context_length = 4096",
+        f"  set by   override file {ov}",
+        f"  overrode 8192 from spec {MODELS / 'qwen3-8b.yaml'}",
+    ]

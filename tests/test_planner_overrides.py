@@ -1,0 +1,180 @@
+"""The override language, provenance (explain), and the errors of bad specs and overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.errors import OverrideError, SpecError
+from planner.loader import load_spec
+
+MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
+SPEECH = MODELS / "qwen3-omni-30b-a3b-speech.yaml"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_cli_overrides_nested_fields_in_both_spellings() -> None:
+    loaded = load_spec(
+        SPEECH,
+        ["--thinker.engine.max_running_requests", "8", "--talker.dtype=fp8", "code2wav.tp_size=1"],
+    )
+    assert loaded.spec.stages["thinker"].engine.max_running_requests == 8
+    assert loaded.spec.stages["talker"].dtype == "fp8"
+
+
+def test_precedence_spec_then_file_then_cli_and_explain(tmp_path: Path) -> None:
+    ov = write(
+        tmp_path / "ov.yaml",
+        "stages:\n  thinker:\n    engine:\n      max_running_requests: 4\n"
+        "stages.talker.engine.context_length: 2048\n",
+    )
+    loaded = load_spec(SPEECH, ["--thinker.engine.max_running_requests", "8"], ov)
+    assert loaded.spec.stages["thinker"].engine.max_running_requests == 8
+    assert loaded.spec.stages["talker"].engine.context_length == 2048
+    text = loaded.provenance.explain("thinker.engine.max_running_requests")
+    assert text.splitlines() == [
+        "stages.thinker.engine.max_running_requests = 8",
+        "  set by   command line --thinker.engine.max_running_requests 8",
+        f"  overrode 4 from override file {ov}",
+        f"  overrode 16 from spec {SPEECH}",
+    ]
+    # A value nobody set comes from the schema default.
+    default = loaded.provenance.get("stages.thinker.batching.window_ms")
+    assert (default.origin.source, default.value) == ("default", 2.0)
+    assert "schema default" in loaded.provenance.explain("stages.thinker.batching.window_ms")
+    spec_value = loaded.provenance.get("stages.talker.gpus")
+    assert (spec_value.origin.source, spec_value.value) == ("spec", [1])
+
+
+def test_same_path_twice_at_one_level_is_refused_unless_equal(tmp_path: Path) -> None:
+    with pytest.raises(OverrideError, match=r"given twice at one level.*8 .*4 "):
+        load_spec(SPEECH, ["--thinker.tp_size", "8", "--thinker.tp_size", "4"])
+    load_spec(SPEECH, ["--thinker.dtype", "fp8", "--thinker.dtype=fp8"])  # same value: fine
+    nested_and_dotted = write(
+        tmp_path / "ov.yaml",
+        "stages.thinker.engine.max_running_requests: 4\n"
+        "stages:\n  thinker:\n    engine: {max_running_requests: 2}\n",
+    )
+    with pytest.raises(OverrideError, match="given twice with different values"):
+        load_spec(SPEECH, override_file=nested_and_dotted)
+    duplicate_key = write(
+        tmp_path / "dup.yaml", "stages:\n  thinker: {tp_size: 2}\n  thinker: {}\n"
+    )
+    with pytest.raises(SpecError, match="key 'thinker' appears twice"):
+        load_spec(SPEECH, override_file=duplicate_key)
+
+
+def test_different_levels_may_disagree(tmp_path: Path) -> None:
+    ov = write(tmp_path / "ov.yaml", "stages.thinker.tp_size: 2\n")
+    assert load_spec(SPEECH, ["--thinker.tp_size", "1"], ov).spec.stages["thinker"].tp_size == 1
+
+
+def test_unknown_stage_lists_stages_and_suggests() -> None:
+    with pytest.raises(OverrideError) as exc:
+        load_spec(SPEECH, ["--thinkr.tp_size", "2"])
+    msg = str(exc.value)
+    assert "unknown stage 'thinkr'" in msg
+    assert "audio_encoder, code2wav, decode, image_encoder, preprocessing, talker, thinker" in msg
+    assert "did you mean 'thinker'?" in msg
+
+
+def test_unknown_field_lists_fields_and_suggests() -> None:
+    with pytest.raises(OverrideError) as exc:
+        load_spec(SPEECH, ["--thinker.engine.max_running", "2"])
+    msg = str(exc.value)
+    assert "unknown field 'max_running' in stages.thinker.engine" in msg
+    assert "context_length" in msg and "did you mean 'max_running_requests'?" in msg
+    with pytest.raises(OverrideError, match=r"unknown field 'tp' in stages.talker.*'tp_size'"):
+        load_spec(SPEECH, ["--talker.tp", "2"])
+
+
+@pytest.mark.parametrize(
+    "field", ["next", "stream_to", "wait_for", "terminal", "executor", "process"]
+)
+def test_overrides_never_change_the_graph(field: str) -> None:
+    with pytest.raises(OverrideError, match=f"'{field}' is part of the stage graph"):
+        load_spec(SPEECH, [f"--talker.{field}", "[]"])
+
+
+def test_group_and_leaf_misuse_and_missing_values() -> None:
+    with pytest.raises(OverrideError, match=r"stages\.thinker\.engine is a group"):
+        load_spec(SPEECH, ["--thinker.engine", "8"])
+    with pytest.raises(OverrideError, match="missing value"):
+        load_spec(SPEECH, ["--thinker.tp_size"])
+    with pytest.raises(OverrideError, match="not an override path"):
+        load_spec(SPEECH, ["--verbose", "1"])
+
+
+def test_bad_values_name_the_path_and_where_they_came_from() -> None:
+    with pytest.raises(SpecError) as exc:
+        load_spec(SPEECH, ["--thinker.engine.max_running_requests", "lots"])
+    msg = str(exc.value)
+    assert "stages.thinker.engine.max_running_requests" in msg
+    assert "from command line --thinker.engine.max_running_requests lots" in msg
+    with pytest.raises(SpecError, match=r"stages.thinker.dtype: Input should be 'bf16'"):
+        load_spec(SPEECH, ["--thinker.dtype", "int3"])
+    with pytest.raises(SpecError, match="pins 1 GPUs"):
+        load_spec(SPEECH, ["--thinker.tp_size", "2"])
+
+
+def _spec(tmp_path: Path, mutate) -> Path:
+    raw = yaml.safe_load(SPEECH.read_text())
+    raw["model_dir"] = str((SPEECH.parent / raw["model_dir"]).resolve())
+    mutate(raw)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_bad_specs_give_precise_errors(tmp_path: Path) -> None:
+    def unknown_edge(raw):
+        raw["stages"]["talker"]["stream_to"] = ["code2wave"]
+
+    with pytest.raises(SpecError, match=r"stages.talker.stream_to: unknown stage 'code2wave'"):
+        load_spec(_spec(tmp_path, unknown_edge))
+
+    def no_terminal(raw):
+        for s in raw["stages"].values():
+            s.pop("terminal", None)
+
+    with pytest.raises(SpecError, match="no stage is terminal"):
+        load_spec(_spec(tmp_path, no_terminal))
+
+    def extra_field(raw):
+        raw["stages"]["thinker"]["max_batch"] = 3
+
+    with pytest.raises(
+        SpecError, match=r"stages.thinker.max_batch: Extra inputs are not permitted"
+    ):
+        load_spec(_spec(tmp_path, extra_field))
+
+    def no_component(raw):
+        del raw["stages"]["talker"]["component"]
+
+    with pytest.raises(SpecError, match="autoregressive stage needs a component"):
+        load_spec(_spec(tmp_path, no_component))
+
+    def mixed_tp(raw):
+        raw["stages"]["code2wav"]["process"] = "thinker"
+        raw["stages"]["thinker"].update(tp_size=2, gpus=[0, 1])
+
+    with pytest.raises(SpecError, match="process 'thinker' mixes tp_size"):
+        load_spec(_spec(tmp_path, mixed_tp))
+
+    with pytest.raises(SpecError, match="no such spec file or model directory"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_bare_model_directory_is_one_autoregressive_stage() -> None:
+    model_dir = MODELS.parent / "hf" / "Qwen--Qwen3-8B"
+    loaded = load_spec(model_dir, ["--llm.engine.max_running_requests", "4"])
+    ((name, stage),) = loaded.spec.stages.items()
+    assert (name, stage.executor, stage.terminal) == ("llm", "autoregressive", True)
+    assert stage.engine.max_running_requests == 4
+    assert loaded.provenance.get("stages.llm.dtype").origin.source == "model-dir"

@@ -1,0 +1,240 @@
+"""Placement and the launch plan: the layouts of the issue, fleets, CPU hosts, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.api import plan_spec
+from planner.errors import InventoryError
+from planner.inventory import Inventory
+from planner.plan import LaunchPlan
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "configs" / "models"
+SPEECH = MODELS / "qwen3-omni-30b-a3b-speech.yaml"
+COLOCATED = MODELS / "qwen3-omni-30b-a3b-speech-colocated.yaml"
+TTS_17 = MODELS / "qwen3-tts-12hz-1.7b.yaml"
+H100 = 85_520_809_984
+
+
+def procs(plan: LaunchPlan, node: int = 0) -> dict[str, object]:
+    return {p.name: p for p in plan.nodes[node].processes}
+
+
+def test_omni_speech_default_layout_fits_two_h100() -> None:
+    result = plan_spec(SPEECH, "2xH100-80GB")
+    plan = result.plan
+    assert plan.fits and plan.errors == [] and plan.replicas == 1
+    p = procs(plan)
+    assert {n: p[n].gpus for n in p} == {
+        "0/preprocessing": [], "0/image_encoder": [0], "0/audio_encoder": [0],
+        "0/thinker": [0], "0/decode": [], "0/talker": [1], "0/code2wav": [0],
+    }  # fmt: skip
+    assert p["0/talker"].env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert p["0/decode"].env == {"CUDA_VISIBLE_DEVICES": ""} and p["0/decode"].device == "cpu"
+    thinker = p["0/thinker"].stages[0]
+    assert thinker.params == 31_719_205_488 - 647_927_168 - 538_631_408
+    assert thinker.memory.weights == thinker.params * 2
+    assert thinker.kv_bytes_per_token == 98_304
+    assert thinker.kv_tokens == 16 * 4096 and thinker.memory.kv_cache == 16 * 4096 * 98_304
+    assert p["0/talker"].stages[0].memory.weights == 3_324_596_480 * 2
+    gpu0, gpu1 = plan.nodes[0].gpus
+    # Every weight of the checkpoint is on exactly one GPU.
+    assert gpu0.planned.weights + gpu1.planned.weights == 35_259_818_545 * 2
+    assert set(gpu1.by_stage) == {"0/talker"}
+    for g in (gpu0, gpu1):
+        assert g.capacity_bytes == H100
+        assert g.planned.total == sum(b.total for b in g.by_stage.values())
+        assert g.headroom_bytes >= g.reserved_bytes
+    assert 0.7 < p["0/thinker"].engine_fraction < 0.85
+    assert LaunchPlan.model_validate_json(plan.model_dump_json()) == plan  # JSON round trip
+
+
+def test_colocated_layout_fits_one_h100_with_the_published_shares() -> None:
+    plan = plan_spec(COLOCATED, "1xH100-80GB").plan
+    assert plan.fits, plan.errors
+    p = procs(plan)
+    assert [s.stage for s in p["0/talker"].stages] == ["talker", "code2wav"]
+    assert p["0/talker"].engine_fraction == pytest.approx(0.12)
+    assert p["0/thinker"].engine_fraction == pytest.approx(0.78)
+    thinker = p["0/thinker"].stages[0]
+    assert thinker.memory_share == 0.78
+    # The KV cache is what the share leaves after weights and activations.
+    left = int(0.78 * H100) - thinker.memory.weights - thinker.memory.activations
+    assert thinker.kv_tokens == left // 98_304
+    assert thinker.memory.total <= int(0.78 * H100)
+    (gpu,) = plan.nodes[0].gpus
+    assert gpu.planned.total <= gpu.capacity_bytes - gpu.reserved_bytes
+
+
+def test_colocated_layout_without_shares_fails_with_a_clear_message(tmp_path: Path) -> None:
+    raw = yaml.safe_load(COLOCATED.read_text())
+    raw["model_dir"] = str((COLOCATED.parent / raw["model_dir"]).resolve())
+    for stage in raw["stages"].values():
+        stage.pop("memory_share", None)
+    spec = tmp_path / "no-shares.yaml"
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    plan = plan_spec(spec, "1xH100-80GB").plan
+    assert not plan.fits and plan.replicas == 0
+    (err,) = plan.errors
+    assert err.gpu == 0
+    assert "holds 2 autoregressive engines of one replica (thinker, talker)" in err.message
+    assert "must declare memory_share on every GPU stage" in err.message
+    assert "image_encoder, audio_encoder, thinker, talker, code2wav" in err.message
+    assert any("0.78" in f for f in err.fixes)
+
+
+def test_shares_that_overflow_the_gpu_name_the_overflow() -> None:
+    plan = plan_spec(COLOCATED, "1xH100-80GB", ["--talker.memory_share", "0.2"]).plan
+    assert not plan.fits
+    err = plan.errors[0]
+    assert err.gpu == 0 and err.overflow_bytes > 0
+    assert "overflow" in err.message and "H100-80GB" in err.message
+
+
+def test_default_layout_on_one_gpu_names_the_missing_pin() -> None:
+    plan = plan_spec(SPEECH, "1xH100-80GB").plan
+    assert not plan.fits
+    assert "pins GPU 1, but node node0 has 1 GPU(s)" in plan.errors[0].message
+
+
+def test_not_fitting_names_gpu_overflow_and_fixes() -> None:
+    plan = plan_spec(MODELS / "qwen3-8b.yaml", "1xL4-24GB").plan
+    assert not plan.fits
+    (err,) = plan.errors
+    assert (err.node, err.gpu) == ("node0", 0)
+    assert "L4-24GB" in err.message and f"overflow {err.overflow_bytes:,} B" in err.message
+    fixes = " | ".join(err.fixes)
+    assert "--llm.tp_size 2" in fixes
+    assert "--llm.dtype fp8" in fixes
+    assert "--llm.engine.max_running_requests" in fixes
+    assert "another GPU: H100-80GB" in fixes or "another GPU: A100-80GB" in fixes
+    # Following the running-requests fix makes it fit.
+    n = next(f for f in err.fixes if "max_running_requests" in f).split()[4]
+    fixed = plan_spec(
+        MODELS / "qwen3-8b.yaml", "1xL4-24GB", [f"--llm.engine.max_running_requests={n}"]
+    )
+    assert fixed.plan.fits
+
+
+def test_tensor_parallel_ranks_on_distinct_gpus_of_one_node() -> None:
+    plan = plan_spec(
+        MODELS / "qwen3-8b.yaml",
+        "4xL4-24GB",
+        ["--llm.tp_size", "2", "--llm.engine.max_running_requests", "8"],
+    ).plan
+    assert plan.fits
+    llm = [p for p in plan.nodes[0].processes if p.group == "llm"]
+    assert [p.gpus for p in llm] == [[0, 1], [2, 3]]  # two replicas of two ranks each
+    assert llm[0].env["CUDA_VISIBLE_DEVICES"] == "0,1" and llm[0].tp_size == 2
+    assert llm[0].memory_per_gpu.weights == 8_190_735_360  # half of the BF16 bytes per rank
+    with pytest.raises(Exception, match="does not divide the 32 attention heads"):
+        plan_spec(MODELS / "qwen3-8b.yaml", "4xL4-24GB", ["--llm.tp_size", "3"])
+
+
+def test_tts_17b_gets_several_replicas_on_one_h100() -> None:
+    plan = plan_spec(TTS_17, "1xH100-80GB").plan
+    assert plan.fits and plan.replicas >= 4
+    node = plan.nodes[0]
+    assert all(r.gpus == [0] for r in node.replicas)
+    engine = node.processes[0].stages[1]
+    assert engine.params == 1_928_677_440 and engine.kv_bytes_per_token == 114_688
+    vocoder = node.processes[0].stages[2]
+    assert vocoder.memory.weights == (153_714_657 + 16_842_784) * 4  # FP32, codebooks stored
+    (gpu,) = node.gpus
+    assert gpu.planned.total <= gpu.capacity_bytes - gpu.reserved_bytes
+    assert len(gpu.by_stage) == 2 * plan.replicas
+    capped = plan_spec(TTS_17, "1xH100-80GB", max_replicas_per_node=2).plan
+    assert capped.replicas == 2
+
+
+def test_mixed_inventory_gets_a_fleet_plan() -> None:
+    inv = ROOT / "configs" / "inventories" / "mixed-fleet.yaml"
+    plan = plan_spec(TTS_17, inv).plan
+    assert plan.fits
+    names = [n.node for n in plan.nodes]
+    assert names == ["h100-0", "h100-1", "l40s-0", "l40s-1", "l40s-2"]
+    per_node = {n.node: len(n.replicas) for n in plan.nodes}
+    assert per_node["h100-0"] == per_node["h100-1"] > per_node["l40s-0"] > 0
+    f = plan.fleet
+    assert (f.nodes, f.gpus, f.replicas) == (5, 2 * 8 + 3 * 4, sum(per_node.values()))
+    assert f.replicas_by_gpu_type == {
+        "8xH100-80GB": 2 * per_node["h100-0"],
+        "4xL40S-48GB": 3 * per_node["l40s-0"],
+    }
+    assert f.planned.total == sum(g.planned.total for n in plan.nodes for g in n.gpus)
+    # Omni speech: H100 nodes hold replicas; L40S nodes cannot (the thinker alone is 57 GiB)
+    # and are reported as warnings, not as a refusal of the whole fleet.
+    omni = plan_spec(SPEECH, inv).plan
+    assert omni.fits and omni.replicas == 2 * 4
+    assert len(omni.warnings) == 3
+    assert all("holds no replica" in w.message and "L40S" in w.message for w in omni.warnings)
+
+
+def test_cpu_only_host_plans_cpu_specs_and_refuses_gpu_stages() -> None:
+    tiny = MODELS / "tiny-omni.yaml"
+    if tiny.exists():
+        plan = plan_spec(tiny).plan  # inventory=None: this host, no GPUs
+        assert plan.fits and plan.replicas == 1
+        assert all(
+            p.device == "cpu" and p.env["CUDA_VISIBLE_DEVICES"] == ""
+            for p in plan.nodes[0].processes
+        )
+        assert plan_spec(tiny, "2xH100-80GB").plan.replicas == 1  # CPU pipelines: one per node
+    plan = plan_spec(SPEECH).plan
+    assert not plan.fits
+    msg = plan.errors[0].message
+    assert (
+        "has no GPUs, but stages image_encoder, audio_encoder, thinker, talker, code2wav run on gpu"
+        in msg
+    )
+    assert any("--gpus" in f for f in plan.errors[0].fixes)
+
+
+def test_bare_model_directory_plans_as_one_stage() -> None:
+    plan = plan_spec(ROOT / "configs" / "hf" / "Qwen--Qwen3-ASR-0.6B", "1xL4-24GB").plan
+    assert plan.fits
+    stage = plan.nodes[0].processes[0].stages[0]
+    assert (stage.stage, stage.params) == ("llm", 782_426_112)
+
+
+def test_inventory_from_devices_maps_names_and_keeps_reported_bytes() -> None:
+    inv = Inventory.from_devices(
+        "gpu-host",
+        [
+            ("NVIDIA H100 80GB HBM3", H100),
+            ("NVIDIA H100 80GB HBM3", 20 * 2**30),
+            ("Mystery X", 7 * 2**30),
+        ],
+    )
+    a, b, c = inv.nodes[0].gpus
+    assert (a.name, a.memory_bytes) == ("H100-80GB", H100)
+    assert b.memory_bytes == 20 * 2**30 and b.name.startswith("H100-80GB@")  # a MIG slice
+    assert (c.name, c.memory_bytes) == ("GPU-7GiB", 7 * 2**30)
+    assert plan_spec(MODELS / "qwen3-asr-0.6b.yaml", inv).plan.nodes[0].node == "gpu-host"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("2xH100", r"unknown GPU type 'H100'.*did you mean 'H100-80GB'"),
+        ("2xH100-80GB,x", "unknown GPU type 'x'"),
+        ("0xL4-24GB", "at least 1"),
+    ],
+)
+def test_bad_gpu_strings(text: str, message: str) -> None:
+    with pytest.raises(InventoryError, match=message):
+        Inventory.parse(text)
+
+
+def test_bad_inventory_files(tmp_path: Path) -> None:
+    bad = tmp_path / "inv.yaml"
+    bad.write_text("nodes:\n  - {name: a, gpus: 2xH100-80GB, gpu: 1}\n")
+    with pytest.raises(InventoryError, match=r"nodes\[0\]: unknown keys \['gpu'\]"):
+        Inventory.from_file(bad)
+    bad.write_text("nodes:\n  - {name: a, gpus: 1xL4-24GB}\n  - {name: a, gpus: 1xL4-24GB}\n")
+    with pytest.raises(InventoryError, match="node name 'a' appears twice"):
+        Inventory.from_file(bad)
