@@ -78,18 +78,22 @@ def build_plan(
     facts = {name: stage_facts(spec, spec_path, name) for name in spec.stages}
     units = build_units(spec, facts)
     placer = Placer(units, inventory.catalog)
-    layouts: dict[tuple[str, ...], NodeLayout] = {}
+    built: dict[tuple[str, ...], NodePlan] = {}  # identical nodes share one placement
     nodes: list[NodePlan] = []
     errors: list[PlanError] = []
     warnings: list[PlanError] = []
     for node in inventory.nodes:
-        layout = layouts.get(node.layout_key)
-        if layout is None:
-            layout = placer.place(node, max_replicas_per_node)
-            if not layout.errors:  # error messages name the node: recompute those per node
-                layouts[node.layout_key] = layout
-        nodes.append(_node_plan(node, layout, units, placer))
-        errors += [_plan_error(node, i) for i in layout.errors]
+        template = built.get(node.layout_key)
+        if template is not None:
+            nodes.append(template.model_copy(update={"node": node.name}))
+            continue
+        layout = placer.place(node, max_replicas_per_node)
+        plan = _node_plan(node, layout, units, placer)
+        nodes.append(plan)
+        if layout.errors:  # error messages name the node: placed again for every node
+            errors += [_plan_error(node, i) for i in layout.errors]
+        else:
+            built[node.layout_key] = plan
     warnings += _share_warnings(facts, inventory)
     total = sum(len(n.replicas) for n in nodes)
     if total and errors:
