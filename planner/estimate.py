@@ -149,6 +149,10 @@ def stage_budget(facts: StageFacts, gpu: GpuType | None) -> StageBudget:
             if facts.stage.engine.kv_budget_tokens:
                 tokens = min(tokens, facts.stage.engine.kv_budget_tokens)
             kv = tokens * per
+        else:
+            # What the weights leave of a non-autoregressive stage's share is its workspace:
+            # the plan then accounts for the whole share, as the GPU will.
+            act = max(act, share_bytes - weights)
         mem = MemoryBudget(weights=weights, kv_cache=kv, activations=act)
         return StageBudget(mem, tokens, share_bytes)
     tokens = facts.required_kv_tokens

@@ -89,9 +89,12 @@ def _fleet_table(plan: LaunchPlan, console: Console) -> None:
 
 def _gpu_table(node: NodePlan, label: str, console: Console) -> None:
     t = Table(title=f"GPUs of {label} (GiB)", title_justify="left")
-    for col in ("GPU", "type", "capacity", "weights", "KV cache", "activations", "runtime",
-                "planned", "reserved", "headroom", "stages"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("type", "stages") else "right")
+    for col in ("GPU", "type", "capacity", "weights", "KV", "activ.", "runtime", "planned",
+                "reserved", "headroom", "stages"):  # fmt: skip
+        if col == "stages":
+            t.add_column(col, overflow="fold")
+        else:
+            t.add_column(col, justify="left" if col == "type" else "right", no_wrap=True)
     for g in node.gpus:
         p = g.planned
         stages = sorted({k.split("/", 1)[1] for k in g.by_stage})
@@ -104,10 +107,13 @@ def _gpu_table(node: NodePlan, label: str, console: Console) -> None:
 
 
 def _process_table(node: NodePlan, label: str, console: Console) -> None:
-    t = Table(title=f"Processes of {label} (GiB per GPU)", title_justify="left")
-    for col in ("process", "stages", "device", "CUDA_VISIBLE_DEVICES", "weights", "KV cache",
-                "KV tokens", "activations", "runtime", "total", "engine fraction"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("process", "stages", "device") else "right")
+    t = Table(
+        title=f"Processes of {label} (GiB per GPU; GPUs = CUDA_VISIBLE_DEVICES)",
+        title_justify="left",
+    )
+    for col in ("process", "stages", "GPUs", "weights", "KV", "KV tokens", "activ.", "runtime",
+                "total", "fraction"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("process", "stages") else "right", no_wrap=True)
     many = len(node.replicas) > 4
     for p in node.processes:
         if many and p.replica >= 2:
@@ -116,8 +122,8 @@ def _process_table(node: NodePlan, label: str, console: Console) -> None:
         tokens = sum(s.kv_tokens for s in p.stages)
         t.add_row(
             p.name, "+".join(s.stage for s in p.stages),
-            p.device if p.tp_size == 1 else f"{p.device} tp{p.tp_size}",
-            p.env.get("CUDA_VISIBLE_DEVICES", "") or "-",
+            (p.env.get("CUDA_VISIBLE_DEVICES", "") or "cpu")
+            + (f" (tp{p.tp_size})" if p.tp_size > 1 else ""),
             _g(m.weights), _g(m.kv_cache), f"{tokens:,}" if tokens else "", _g(m.activations),
             _g(m.runtime), _g(m.total),
             "" if p.engine_fraction is None else f"{p.engine_fraction:.4f}",

@@ -37,6 +37,8 @@ def test_table_and_svg(tmp_path: Path) -> None:
     text = out.stdout
     assert "qwen3-omni-30b-a3b-speech (2xH100-80GB): fits, 1 replica(s)" in text
     assert "CUDA_VISIBLE_DEVICES" in text and "0/thinker" in text and "0/talker" in text
+    assert "talker" in text.splitlines()[next(i for i, line in enumerate(text.splitlines())
+                                              if line.startswith("│   1 "))]  # fmt: skip
     assert "65,536" in text  # the thinker's KV tokens: 16 requests x 4096
     root = ET.parse(svg).getroot()
     titles = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title")]
