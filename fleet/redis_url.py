@@ -1,4 +1,4 @@
-"""Production Redis URLs beyond what ``redis.from_url`` understands: Redis Sentinel.
+"""Production Redis URLs beyond what ``redis.from_url`` understands: Sentinel and Cluster.
 
 ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs go to redis-py unchanged. A Sentinel
 deployment is named by one URL too, so that ``OMNI_REDIS_URL`` stays the single knob:
@@ -10,6 +10,15 @@ deployment is named by one URL too, so that ``OMNI_REDIS_URL`` stays the single 
 The password in the user-info part authenticates against the master (and its replicas); the
 sentinels themselves often run without AUTH, or with their own ``sentinel_password``. Sentinel
 port defaults to 26379, db to 0.
+
+A Redis Cluster is named by some of its nodes (the client discovers the rest):
+
+    redis+cluster://[[user]:password@]host1[:port1][,host2[:port2]...][/]
+        [?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...&ssl_cert_reqs=...]
+    rediss+cluster://...    (TLS)
+
+Port defaults to 6379; a cluster has only db 0. Every key of a fleet carries the hash tag
+``{<fleet>}`` (``fleet.keys``), so the store's transactions and scripts stay on one slot.
 """
 
 from __future__ import annotations
@@ -19,11 +28,18 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
 _SENTINEL_QUERY = ("sentinel_password", "sentinel_username")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+DEFAULT_REDIS_PORT = 6379
+_CLUSTER_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+
+# What ``fleet.store.connect`` returns: one server (plain, TLS, unix, via Sentinel) or a cluster.
+RedisClient = aioredis.Redis | RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,22 +60,35 @@ def is_sentinel_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in SENTINEL_SCHEMES
 
 
-def _host_port(item: str, url: str) -> tuple[str, int]:
+def _host_port(
+    item: str, url: str, default_port: int = DEFAULT_SENTINEL_PORT, what: str = "sentinel"
+) -> tuple[str, int]:
     """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
     if item.startswith("["):
         host, sep, rest = item[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
-            raise ValueError(f"bad IPv6 sentinel address {item!r} in {url!r}")
+            raise ValueError(f"bad IPv6 {what} address {item!r} in {url!r}")
         port_text = rest[1:]
     else:
         host, _, port_text = item.partition(":")
     if not host:
-        raise ValueError(f"empty sentinel host in {url!r}")
+        raise ValueError(f"empty {what} host in {url!r}")
     if not port_text:
-        return host, DEFAULT_SENTINEL_PORT
+        return host, default_port
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"bad sentinel port {port_text!r} in {url!r}")
+        raise ValueError(f"bad {what} port {port_text!r} in {url!r}")
     return host, int(port_text)
+
+
+def _credentials(creds: str, shown: str) -> tuple[str | None, str | None]:
+    """(username, password) from the user-info part of a URL."""
+    user, colon, secret = creds.partition(":")
+    if not colon:
+        # redis-py would read "secret@host" as a user name with no password: say so.
+        raise ValueError(
+            f"credentials without ':' in {shown!r}: write :password@ or user:password@"
+        )
+    return unquote(user) or None, unquote(secret) or None
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -74,16 +103,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     creds, at, hosts = netloc.rpartition("@")
     shown = f"{scheme}://{'***@' if at else ''}{hosts}/{path}"
 
-    username = password = None
-    if at:
-        user, colon, secret = creds.partition(":")
-        if not colon:
-            # redis-py would read "secret@host" as a user name with no password: say so.
-            raise ValueError(
-                f"credentials without ':' in {shown!r}: write :password@ or user:password@"
-            )
-        username = unquote(user) or None
-        password = unquote(secret) or None
+    username, password = _credentials(creds, shown) if at else (None, None)
 
     if not hosts:
         raise ValueError(f"no sentinel hosts in {shown!r}")
@@ -156,3 +176,65 @@ def sentinel_client(parsed: SentinelURL, **connection_kwargs: Any) -> aioredis.R
     )
     client.sentinel = sentinel
     return client
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterURL:
+    """A parsed ``redis+cluster://`` URL."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+    options: tuple[tuple[str, str], ...] = ()  # TLS file options, passed to redis-py
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """Parse a Cluster URL; mistakes raise ``ValueError`` without repeating the password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise ValueError(f"not a Cluster URL (schemes: {', '.join(CLUSTER_SCHEMES)})")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    creds, at, hosts = netloc.rpartition("@")
+    shown = f"{scheme}://{'***@' if at else ''}{hosts}/{path}"
+    username, password = _credentials(creds, shown) if at else (None, None)
+    if not hosts:
+        raise ValueError(f"no cluster nodes in {shown!r}")
+    nodes = tuple(
+        _host_port(h.strip(), shown, DEFAULT_REDIS_PORT, "cluster node") for h in hosts.split(",")
+    )
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only db 0, got {path!r} in {shown!r}")
+    options = []
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name not in _CLUSTER_QUERY:
+            raise ValueError(
+                f"unknown option {name!r} in Cluster URL; known: {', '.join(_CLUSTER_QUERY)}"
+            )
+        options.append((name, values[-1]))
+    return ClusterURL(
+        nodes=nodes,
+        username=username,
+        password=password,
+        ssl=scheme.lower().startswith("rediss"),
+        options=tuple(options),
+    )
+
+
+def cluster_client(parsed: ClusterURL, **connection_kwargs: Any) -> RedisCluster:
+    """A cluster client that starts from ``parsed.nodes`` and discovers the rest."""
+    kwargs: dict[str, Any] = {
+        k: v for k, v in connection_kwargs.items() if k.startswith("socket_")
+    } | dict(parsed.options)
+    if parsed.password:
+        kwargs["password"] = parsed.password
+    if parsed.username:
+        kwargs["username"] = parsed.username
+    if parsed.ssl:
+        kwargs["ssl"] = True
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.nodes], **kwargs)

@@ -10,7 +10,15 @@ import redis.asyncio as aioredis
 
 from fleet.keys import FleetKeys
 from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
-from fleet.redis_url import is_sentinel_url, parse_sentinel_url, sentinel_client
+from fleet.redis_url import (
+    RedisClient,
+    cluster_client,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    sentinel_client,
+)
 
 # Returns the binding in place after the call: the existing one, or ARGV[1] if none existed.
 _BIND_IF_ABSENT = """
@@ -35,12 +43,20 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return cur
 """
 
+# Stores the load report and publishes it in one round trip. A script rather than a pipeline
+# because redis-py's cluster pipelines refuse PUBLISH; the channel is not a key.
+_PUBLISH_LOAD = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('PUBLISH', ARGV[3], ARGV[1])
+"""
 
-def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
+
+def connect(url: str, *, timeout_s: float = 2.0) -> RedisClient:
     """A client with short timeouts, so that a dead Redis never stalls a request path.
 
     ``redis://``, ``rediss://`` (TLS) and ``unix://`` go to redis-py; ``redis+sentinel://`` and
-    ``rediss+sentinel://`` reach the master through Redis Sentinel (see ``fleet.redis_url``)."""
+    ``rediss+sentinel://`` reach the master through Redis Sentinel; ``redis+cluster://`` and
+    ``rediss+cluster://`` give a Redis Cluster client (see ``fleet.redis_url``)."""
     kwargs = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
@@ -49,6 +65,8 @@ def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
     }
     if is_sentinel_url(url):
         return sentinel_client(parse_sentinel_url(url), **kwargs)
+    if is_cluster_url(url):
+        return cluster_client(parse_cluster_url(url), **kwargs)
     return aioredis.from_url(url, **kwargs)
 
 
@@ -61,11 +79,12 @@ class WorkerView:
 
 
 class FleetStore:
-    def __init__(self, client: aioredis.Redis, fleet: str = "default") -> None:
+    def __init__(self, client: RedisClient, fleet: str = "default") -> None:
         self.redis = client
         self.keys = FleetKeys(fleet)
         self._bind = client.register_script(_BIND_IF_ABSENT)
         self._rebind = client.register_script(_REBIND_IF_UNCHANGED)
+        self._publish_load = client.register_script(_PUBLISH_LOAD)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -96,10 +115,9 @@ class FleetStore:
 
     async def publish_load(self, report: LoadReport, ttl_ms: int) -> None:
         data = report.model_dump_json()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.load(report.worker_id), data, px=ttl_ms)
-            pipe.publish(self.keys.loads, data)
-            await pipe.execute()
+        await self._publish_load(
+            keys=[self.keys.load(report.worker_id)], args=[data, ttl_ms, self.keys.loads]
+        )
 
     async def publish_event(self, kind: EventKind, worker_id: str, detail: str = "") -> None:
         event = FleetEvent(kind=kind, worker_id=worker_id, detail=detail)
@@ -119,10 +137,11 @@ class FleetStore:
         ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.workers))
         if not ids:
             return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.mget([self.keys.worker(i) for i in ids])
-            pipe.mget([self.keys.load(i) for i in ids])
-            records, loads = await pipe.execute()
+        # One MGET for records and loads: one round trip, and legal on a cluster (same slot).
+        raw = await self.redis.mget(
+            [self.keys.worker(i) for i in ids] + [self.keys.load(i) for i in ids]
+        )
+        records, loads = raw[: len(ids)], raw[len(ids) :]
         views: dict[str, WorkerView] = {}
         expired: list[str] = []
         for worker_id, raw_record, raw_load in zip(ids, records, loads, strict=True):
@@ -137,6 +156,9 @@ class FleetStore:
 
     async def listen(self) -> AsyncIterator[FleetEvent | LoadReport]:
         """Events and load reports as they are published. Ends when the connection breaks."""
+        # A cluster client learns the slot map on its first command; its pub/sub needs the map
+        # to pick a node, so learn it now (a no-op for a single-server client).
+        await self.redis.initialize()
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.events, self.keys.loads)
         try:

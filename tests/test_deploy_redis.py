@@ -19,9 +19,15 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from redis.cluster import key_slot
 
 from fleet.keys import FleetKeys
-from fleet.records import EventKind, LoadReport, VoiceRecord, WorkerRecord
+from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
 from fleet.redis_server import RedisServer, free_port
-from fleet.redis_url import DEFAULT_SENTINEL_PORT, is_sentinel_url, parse_sentinel_url
+from fleet.redis_url import (
+    DEFAULT_SENTINEL_PORT,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 from fleet.store import FleetStore, connect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +39,37 @@ def record(worker_id: str) -> WorkerRecord:
     return WorkerRecord(
         id=worker_id, url="http://127.0.0.1:9", node="n1", model="tiny", served_models=["tiny"]
     )
+
+
+async def every_store_call(store: FleetStore) -> None:
+    """Every FleetStore method once, with its result checked: worker side, router side, voices,
+    and pub/sub (events and load reports)."""
+    events = store.listen()
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.1)  # let the subscription land before publishing
+    await store.write_record(record("w1"), ttl_ms=5000)
+    assert await store.heartbeat(record("w1"), ttl_ms=5000) is True
+    await store.publish_load(LoadReport(worker_id="w1", in_flight=2), ttl_ms=5000)
+    load = await asyncio.wait_for(first, timeout=5)
+    assert isinstance(load, LoadReport) and load.in_flight == 2
+    view = (await store.snapshot())["w1"]
+    assert view.load is not None and view.load.in_flight == 2
+    assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
+    assert await store.lookup_session("s", ttl_ms=5000) == "w1"
+    assert await store.move_session("s", "w1", "w2", ttl_ms=5000) == "w2"
+    assert await store.affinity_moves() == 1
+    await store.put_voice(VoiceRecord(name="v", bytes=3), b"abc")
+    got = await store.get_voice("v")
+    assert got is not None and got[1] == b"abc"
+    assert [v.name for v in await store.list_voices()] == ["v"]
+    assert await store.delete_voice("v")
+    await store.publish_event(EventKind.READY, "w1")
+    event = await asyncio.wait_for(anext(events), timeout=5)
+    assert isinstance(event, FleetEvent) and event.kind == EventKind.READY
+    await events.aclose()
+    await store.deregister("w1")
+    assert await store.snapshot() == {}
+    assert await store.ping()
 
 
 # -- URL parsing ---------------------------------------------------------------------------------
@@ -282,8 +319,9 @@ def cluster_node() -> Iterator[RedisServer]:
     """A one-node Redis Cluster owning all 16384 slots: cross-slot checks are as strict as on a
     real cluster. The bus port is chosen explicitly, port+10000 may be out of range."""
     args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-    with RedisServer(extra_args=[*args, "--cluster-port", str(free_port())]) as server:
-        client = redis.Redis(port=server.port)
+    args += ["--cluster-port", str(free_port()), "--masterauth", PASSWORD]
+    with RedisServer(password=PASSWORD, extra_args=args) as server:
+        client = redis.Redis.from_url(server.url)
         try:
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
             deadline = time.monotonic() + 10
@@ -295,26 +333,40 @@ def cluster_node() -> Iterator[RedisServer]:
         yield server
 
 
-async def test_multi_key_transactions_and_scripts_run_on_a_cluster(
-    cluster_node: RedisServer,
-) -> None:
-    cluster = RedisCluster(host="127.0.0.1", port=cluster_node.port, socket_timeout=2)
-    store = FleetStore(cluster, fleet="c1")  # type: ignore[arg-type]
+async def test_fleet_store_through_a_cluster_url(cluster_node: RedisServer) -> None:
+    url = f"redis+cluster://:{quote(PASSWORD, safe='')}@127.0.0.1:{cluster_node.port}"
+    client = connect(url)
+    assert isinstance(client, RedisCluster)
+    store = FleetStore(client, fleet="c1")
     try:
-        await store.write_record(record("w1"), ttl_ms=5000)  # MULTI: record + index set
-        assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
-        assert await store.move_session("s", "w1", "w2", ttl_ms=5000) == "w2"  # script, 2 keys
-        assert await store.lookup_session("s", ttl_ms=5000) == "w2"
-        await store.deregister("w1")  # MULTI: record + load + index set
-        assert await cluster.smembers(store.keys.workers) == set()
+        await every_store_call(store)
         # Without the hash tag the same transaction is refused by the cluster client.
         with pytest.raises(redis.RedisClusterException, match="same slot"):
-            async with cluster.pipeline(transaction=True) as pipe:
+            async with client.pipeline(transaction=True) as pipe:
                 pipe.set("omni:v1:c1:worker:w1", "x")
                 pipe.sadd("omni:v1:c1:workers", "w1")
                 await pipe.execute()
     finally:
-        await cluster.aclose()
+        await store.close()
+
+
+def test_cluster_urls_are_parsed_precisely() -> None:
+    parsed = parse_cluster_url(
+        "rediss+cluster://u:p%40w@n1,n2:7001,[fd00::1]:7002/0?ssl_ca_certs=/ca"
+    )
+    assert parsed.nodes == (("n1", 6379), ("n2", 7001), ("fd00::1", 7002))
+    assert (parsed.username, parsed.password, parsed.ssl) == ("u", "p@w", True)
+    assert parsed.options == (("ssl_ca_certs", "/ca"),)
+    assert is_cluster_url("redis+cluster://n1") and not is_cluster_url("redis://n1")
+    for url, message in [
+        ("redis+cluster://:pw@n1/3", "only db 0"),
+        ("redis+cluster://:pw@/", "no cluster nodes"),
+        ("redis+cluster://:pw@n1:0", "bad cluster node port"),
+        ("redis+cluster://:pw@n1?db=1", "unknown option 'db'"),
+    ]:
+        with pytest.raises(ValueError, match=message) as err:
+            parse_cluster_url(url)
+        assert "pw" not in str(err.value)
 
 
 # -- TLS (rediss://) against a real redis-server -------------------------------------------------
@@ -429,24 +481,7 @@ async def test_the_documented_acl_rule_allows_everything_the_store_does() -> Non
         admin.close()
         store = FleetStore(connect(f"redis://omni:omni-secret@127.0.0.1:{server.port}/0"))
         try:
-            events = store.listen()
-            first = asyncio.ensure_future(anext(events))
-            await asyncio.sleep(0.1)
-            await store.write_record(record("w1"), ttl_ms=5000)
-            await store.heartbeat(record("w1"), ttl_ms=5000)
-            await store.publish_load(LoadReport(worker_id="w1", in_flight=2), ttl_ms=5000)
-            assert (await store.snapshot())["w1"].load is not None
-            assert await store.bind_session("s", "w1", ttl_ms=5000) == "w1"
-            assert await store.lookup_session("s", ttl_ms=5000) == "w1"
-            assert await store.move_session("s", "w1", "w2", ttl_ms=5000) == "w2"
-            await store.put_voice(VoiceRecord(name="v", bytes=3), b"abc")
-            assert (await store.get_voice("v")) is not None
-            assert [v.name for v in await store.list_voices()] == ["v"]
-            assert await store.delete_voice("v")
-            await store.publish_event(EventKind.READY, "w1")
-            assert (await asyncio.wait_for(first, timeout=5)).worker_id == "w1"
-            await events.aclose()
-            await store.deregister("w1")
+            await every_store_call(store)
             with pytest.raises(redis.exceptions.NoPermissionError):
                 await store.redis.set("other:key", "x")
         finally:
