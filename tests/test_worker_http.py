@@ -177,9 +177,14 @@ def test_speech_whole_and_streamed(sdk: openai.OpenAI, http: httpx.Client) -> No
     with http.stream(
         "POST",
         "/v1/audio/speech",
-        json={"model": "fake-omni", "input": "say this", "voice": "tiny", "stream": True,
-              "response_format": "pcm"},
-    ) as response:  # fmt: skip
+        json={
+            "model": "fake-omni",
+            "input": "say this",
+            "voice": "tiny",
+            "stream": True,
+            "response_format": "pcm",
+        },
+    ) as response:
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = list(response.iter_bytes())
     assert b"".join(pieces) == whole[44:]
@@ -197,25 +202,46 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
     msgs = [{"role": "user", "content": "x"}]
     headers = {"content-type": "application/json"}
     assert_error(http.post(chat, content=b"{not json", headers=headers), 400, "invalid_json")
-    err = assert_error(http.post(chat, json={"model": "fake-omni", "messages": "x"}), 400,
-                       "invalid_request")  # fmt: skip
+    err = assert_error(
+        http.post(chat, json={"model": "fake-omni", "messages": "x"}), 400, "invalid_request"
+    )
     assert err["param"] == "messages"
-    assert_error(http.post(chat, json={"model": "fake-omni", "messages": msgs, "max_tokens": "a"}),
-                 400, "invalid_request")  # fmt: skip
+    assert_error(
+        http.post(chat, json={"model": "fake-omni", "messages": msgs, "max_tokens": "a"}),
+        400,
+        "invalid_request",
+    )
     assert_error(http.post(chat, json={"model": "nope", "messages": msgs}), 404, "model_not_found")
-    assert_error(http.post(chat, content=b"hi", headers={"content-type": "text/plain"}), 415,
-                 "unsupported_media_type")  # fmt: skip
-    ghost = {"model": "fake-omni", "messages": msgs, "modalities": ["text", "audio"],
-             "audio": {"voice": "ghost"}}  # fmt: skip
+    assert_error(
+        http.post(chat, content=b"hi", headers={"content-type": "text/plain"}),
+        415,
+        "unsupported_media_type",
+    )
+    ghost = {
+        "model": "fake-omni",
+        "messages": msgs,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ghost"},
+    }
     assert_error(http.post(chat, json=ghost), 404, "voice_not_found")
     garbage = base64.b64encode(b"RIFF....garbage").decode()
     part = {"type": "input_audio", "input_audio": {"data": garbage, "format": "wav"}}
-    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
-                 "content": [part]}]}), 400, "invalid_audio")  # fmt: skip
+    assert_error(
+        http.post(
+            chat, json={"model": "fake-omni", "messages": [{"role": "user", "content": [part]}]}
+        ),
+        400,
+        "invalid_audio",
+    )
     long = base64.b64encode(wav_bytes(3.0)).decode()
     part = {"type": "input_audio", "input_audio": {"data": long, "format": "wav"}}
-    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
-                 "content": [part]}]}), 400, "audio_too_long")  # fmt: skip
+    assert_error(
+        http.post(
+            chat, json={"model": "fake-omni", "messages": [{"role": "user", "content": [part]}]}
+        ),
+        400,
+        "audio_too_long",
+    )
     # a declared oversize body is refused before it is read; a chunked one while it arrives
     assert_error(http.post(chat, content=b"x" * 300_000, headers=headers), 413, "body_too_large")
 
@@ -225,22 +251,38 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
 
     assert_error(http.post(chat, content=chunks(), headers=headers), 413, "body_too_large")
     speech = "/v1/audio/speech"
-    assert_error(http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "ghost"}),
-                 404, "voice_not_found")  # fmt: skip
-    assert_error(http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "tiny",
-                 "response_format": "mp3"}), 400, "invalid_request")  # fmt: skip
+    assert_error(
+        http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "ghost"}),
+        404,
+        "voice_not_found",
+    )
+    assert_error(
+        http.post(
+            speech,
+            json={"model": "fake-omni", "input": "x", "voice": "tiny", "response_format": "mp3"},
+        ),
+        400,
+        "invalid_request",
+    )
     tr = "/v1/audio/transcriptions"
     model = {"model": "fake-omni"}
-    assert_error(http.post(tr, files={"file": ("a.wav", b"not audio")}, data=model), 400,
-                 "invalid_audio")  # fmt: skip
-    assert_error(http.post(tr, data={"model": "fake-omni"}, files={"x": ("a", b"1")}), 400,
-                 "invalid_request")  # fmt: skip
+    assert_error(
+        http.post(tr, files={"file": ("a.wav", b"not audio")}, data=model), 400, "invalid_audio"
+    )
+    assert_error(
+        http.post(tr, data={"model": "fake-omni"}, files={"x": ("a", b"1")}), 400, "invalid_request"
+    )
     assert_error(http.post(tr, json={"model": "fake-omni"}), 415, "unsupported_media_type")
     assert_error(http.get("/v1/nothing"), 404, "not_found")
     assert_error(http.put("/v1/chat/completions"), 405, "method_not_allowed")
     # the stage failure of one request does not stop the worker serving the next
-    assert_error(http.post(chat, json={"model": "fake-omni", "messages": [{"role": "user",
-                 "content": "FAIL"}]}), 503, "stage_failed")  # fmt: skip
+    assert_error(
+        http.post(
+            chat, json={"model": "fake-omni", "messages": [{"role": "user", "content": "FAIL"}]}
+        ),
+        503,
+        "stage_failed",
+    )
     ok = http.post(chat, json={"model": "fake-omni", "messages": msgs})
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "echo x"
     metrics = http.get("/metrics").text
@@ -253,8 +295,9 @@ def test_token_auth(worker: Running) -> None:
         for path in ("/health", "/ready", "/metrics"):
             assert anon.get(path).status_code == 200, path
         assert_error(anon.get("/v1/models"), 401, "invalid_api_key")
-        assert_error(anon.get("/load", headers={"Authorization": "Bearer wrong"}), 401,
-                     "invalid_api_key")  # fmt: skip
+        assert_error(
+            anon.get("/load", headers={"Authorization": "Bearer wrong"}), 401, "invalid_api_key"
+        )
         ok = anon.get("/v1/models", headers={"x-omni-worker-token": TOKEN})
         assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "fake-omni"
     bad = openai.OpenAI(base_url=worker.url + "/v1", api_key="wrong", max_retries=0)
@@ -272,16 +315,23 @@ def test_voices_stored_in_redis(worker: Running, http: httpx.Client, redis_serve
     # another worker on the same Redis and fleet serves it
     other_settings = WorkerSettings(_cli_parse_args=[])
     for other in serve_in_thread(other_settings, redis_server.url):
-        r = httpx.post(other.url + "/v1/audio/speech", timeout=10,
-                       json={"model": "fake-omni", "input": "x", "voice": "me"})  # fmt: skip
+        r = httpx.post(
+            other.url + "/v1/audio/speech",
+            timeout=10,
+            json={"model": "fake-omni", "input": "x", "voice": "me"},
+        )
         assert r.status_code == 200, r.text
         assert other.engine.seen[-1].voice_audio is not None
         assert other.engine.seen[-1].voice_audio.size == 8000
-    assert_error(http.post("/v1/audio/voices", data={"name": "bad"},
-                           files={"file": ("v.wav", b"nope")}), 400, "invalid_audio")  # fmt: skip
+    assert_error(
+        http.post("/v1/audio/voices", data={"name": "bad"}, files={"file": ("v.wav", b"nope")}),
+        400,
+        "invalid_audio",
+    )
     short = {"file": ("v.wav", wav_bytes(0.1))}
-    assert_error(http.post("/v1/audio/voices", data={"name": "../x"}, files=short), 400,
-                 "invalid_request")  # fmt: skip
+    assert_error(
+        http.post("/v1/audio/voices", data={"name": "../x"}, files=short), 400, "invalid_request"
+    )
     assert http.delete("/v1/audio/voices/me").json()["deleted"] is True
     assert_error(http.delete("/v1/audio/voices/me"), 404, "voice_not_found")
 
@@ -297,12 +347,19 @@ def wait_for(predicate, timeout: float = 5.0) -> None:
 def test_abort_on_disconnect(worker: Running, stream: bool) -> None:
     worker.call(worker.engine.hold.clear)
     try:
-        body = {"model": "fake-omni", "stream": stream,
-                "messages": [{"role": "user", "content": "HOLD please"}]}  # fmt: skip
+        body = {
+            "model": "fake-omni",
+            "stream": stream,
+            "messages": [{"role": "user", "content": "HOLD please"}],
+        }
         before = len(worker.engine.aborted)
         sock = socket.create_connection(("127.0.0.1", int(worker.url.rsplit(":", 1)[1])))
-        data = httpx.Request("POST", worker.url + "/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        data = httpx.Request(
+            "POST",
+            worker.url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in data.headers.items() if k.lower() != "host"
         )
@@ -321,8 +378,14 @@ def test_draining_refuses_new_requests(worker: Running, http: httpx.Client) -> N
     worker.service.set_status(WorkerStatus.DRAINING)
     try:
         assert_error(http.get("/ready"), 503, "draining")
-        assert_error(http.post("/v1/chat/completions", json={"model": "fake-omni", "messages":
-                     [{"role": "user", "content": "x"}]}), 503, "draining")  # fmt: skip
+        assert_error(
+            http.post(
+                "/v1/chat/completions",
+                json={"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]},
+            ),
+            503,
+            "draining",
+        )
     finally:
         worker.service.set_status(WorkerStatus.READY)
     assert http.get("/ready").status_code == 200

@@ -91,6 +91,7 @@ def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         raise StartupError(f"{spec_path}: {exc}", EXIT_BAD_SPEC) from exc
     plan = result.plan
+    _print_plan(plan, settings)
     if not plan.fits:
         lines = [f"{spec_path.name} does not fit this node ({settings.node}):"]
         for error in plan.errors:
@@ -110,7 +111,18 @@ def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
         ", ".join(f"{p.name}[{'+'.join(s.stage for s in p.stages)}]@{p.device}"
                   for p in node_plan.processes),
     )  # fmt: skip
-    return Planned(result.spec, spec_path, plan, node_plan)
+    return Planned(result.spec, result.spec_path, plan, node_plan)
+
+
+def _print_plan(plan: LaunchPlan, settings: WorkerSettings) -> None:
+    """The same tables ``omni-plan`` prints, on stderr with the log."""
+    try:
+        from rich.console import Console
+
+        from planner.render import print_plan
+    except ImportError:
+        return
+    print_plan(plan, Console(stderr=True, width=120), settings.gpus or "this node")
 
 
 def make_engine(settings: WorkerSettings, planned: Planned) -> Engine:
@@ -206,6 +218,7 @@ class Daemon:
                 lifespan="off",
                 timeout_keep_alive=5,
                 timeout_graceful_shutdown=5,
+                log_config=None,
             )
         )
         server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
@@ -234,8 +247,12 @@ class Daemon:
         started = time.monotonic()
 
         def progress(message: str) -> None:
-            service.detail = message
-            log.info("[start-up %5.1fs] %s", time.monotonic() - started, message)
+            # The engine reports restarts through the same callback once it is running.
+            if service.status == WorkerStatus.STARTING:
+                service.detail = message
+                log.info("[start-up %5.1fs] %s", time.monotonic() - started, message)
+            else:
+                log.info("[pipeline] %s", message)
 
         start = asyncio.create_task(self.engine.start(progress), name="engine-start")
         stop = asyncio.create_task(self._stop.wait())

@@ -34,12 +34,17 @@ async def model(name: str, request: Request) -> dict:
 async def health(request: Request) -> dict:
     service = service_of(request)
     engine = service.engine.status()
-    return {
+    body = {
         "status": "alive",
         "worker_id": service.worker_id,
         "worker_status": service.status.value,
         "engine": {"ready": engine.ready, "healthy": engine.healthy, "detail": engine.detail},
     }
+    # Stage process ids, when the engine exposes them: for operators and the restart test.
+    pids = getattr(service.engine, "process_pids", None)
+    if callable(pids):
+        body["processes"] = pids()
+    return body
 
 
 @router.get("/ready")
