@@ -158,8 +158,11 @@ def test_kustomize_renders_valid_manifests(directory: Path) -> None:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == "omni-fleet"
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    has_redis = ("StatefulSet", "omni-redis") in names
-    assert has_redis == (directory == BASE), names
+    redis_parts = {n for n in names if n[1] == "omni-redis"}
+    if directory == BASE:
+        assert {k for k, _ in redis_parts} == {"StatefulSet", "Service", "NetworkPolicy"}
+    else:
+        assert not redis_parts, names
     assert {("Deployment", "omni-router"), ("DaemonSet", "omni-worker")} <= names
 
 
@@ -182,6 +185,32 @@ def test_services_select_their_workloads_and_name_real_ports() -> None:
         ports = {p["name"] for c in pod_spec(workload)["containers"] for p in c["ports"]}
         for port in service["spec"]["ports"]:
             assert port["targetPort"] in ports
+
+
+def test_disruption_budgets_and_network_policies_select_real_pods() -> None:
+    docs = base_docs()
+    labels = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    }
+
+    def selects(selector: dict[str, Any]) -> list[str]:
+        wanted = selector["matchLabels"].items()
+        return [name for name, have in labels.items() if wanted <= have.items()]
+
+    budget = find(docs, "PodDisruptionBudget", "omni-router")
+    assert selects(budget["spec"]["selector"]) == ["omni-router"]
+    router = find(docs, "Deployment", "omni-router")
+    assert budget["spec"]["minAvailable"] < router["spec"]["replicas"], "drains would block"
+
+    policy = find(docs, "NetworkPolicy", "omni-redis")
+    assert selects(policy["spec"]["podSelector"]) == ["omni-redis"]
+    sources = [p["podSelector"] for rule in policy["spec"]["ingress"] for p in rule["from"]]
+    assert sorted(n for s in sources for n in selects(s)) == ["omni-router", "omni-worker"]
+    redis_port = pod_spec(find(docs, "StatefulSet", "omni-redis"))["containers"][0]["ports"][0]
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == [redis_port["containerPort"]]
 
 
 def probe(container: dict[str, Any], kind: str) -> tuple[str, int]:
