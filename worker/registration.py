@@ -46,20 +46,20 @@ class Registrar:
         self.heartbeat_interval = heartbeat_interval
         self.ttl_ms = int(ttl * 1000)
         self.load_interval = load_interval
-        self.redis_up = False
+        self.redis_up: bool | None = None  # None: not tried yet
         self._stale = True  # the record in Redis (if any) is not the current one
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()
 
     def _went_down(self, exc: BaseException) -> None:
         self._stale = True
-        if self.redis_up:
+        if self.redis_up is not False:
             log.warning("Redis unreachable (%s); still serving, will re-register", exc)
         self.redis_up = False
         self.service.metrics.redis_up.set(0)
 
     def _came_up(self) -> None:
-        if not self.redis_up:
+        if self.redis_up is not True:
             log.info("registered in Redis as %s (%s)", self.record.id, self.record.status.value)
         self.redis_up = True
         self.service.metrics.redis_up.set(1)
