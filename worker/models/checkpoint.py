@@ -20,7 +20,7 @@ from typing import Any
 from planner.spec import ModelSpec, resolve_model_dir
 
 SEED_FILE = "seeded_weights.json"
-BUILDER_VERSION = "1"  # bump when the way weights are built changes
+BUILDER_VERSION = "2"  # bump when the way weights are built changes
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
@@ -71,8 +71,11 @@ def resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, log=pr
 
 def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from worker.models.tokenizer import build_byte_tokenizer
+
+    hf_logging.disable_progress_bar()
 
     for sub in component_dirs(spec):
         src, dst = model_dir / sub, out / sub
@@ -101,6 +104,12 @@ def _calibrate(model: Any) -> None:
 
     if type(model).__name__ not in ("MimiModel", "Qwen3OmniMoeCode2Wav"):
         return
+    for module in model.modules():
+        # Mimi's codebooks start as zeros (they are learned as running sums): every code would
+        # decode to the same sound. Seeded random codebooks make the codes matter.
+        if hasattr(module, "embed_sum") and hasattr(module, "cluster_usage"):
+            module.embed_sum.normal_()
+            module.cluster_usage.fill_(1.0)
     gen = torch.Generator().manual_seed(0)
     shape = (1, codec.num_quantizers(model), 24)
     codes = torch.randint(0, model.config.codebook_size, shape, generator=gen)

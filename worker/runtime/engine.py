@@ -36,6 +36,7 @@ from worker.engine import (
     TextDelta,
 )
 from worker.runtime import messages as m
+from worker.runtime import transport
 from worker.runtime.graph import REQUEST_INPUT, Route, route
 from worker.runtime.host import HostConfig
 from worker.runtime.process import StageProcess
@@ -47,6 +48,7 @@ log = logging.getLogger("omni.worker.runtime")
 
 START_TIMEOUT = 600.0  # seconds for every stage to load and warm up
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+_ENGINE_IDS = itertools.count()
 
 
 @dataclass(eq=False)
@@ -56,6 +58,7 @@ class _Request:
     route: Route
     metas: dict[str, RequestMeta]
     queue: asyncio.Queue
+    public_id: str
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
     buffered: dict[str, list[tuple]] = field(default_factory=dict)
@@ -102,6 +105,10 @@ class PipelineEngine:
         self._restarts: set[asyncio.Task] = set()
         self._speakers = _read_speakers(spec, self.spec_path)
         cpu_procs = sum(1 for p in node_plan.processes if p.device == "cpu") or 1
+        self.shm_prefix = f"omni{os.getpid()}x{next(_ENGINE_IDS)}"
+        # request_id -> [(monotonic time, stage, what)]: what each stage sent and was sent, for
+        # tests and diagnostics; None = off
+        self.trace: dict[str, list[tuple[float, str, str]]] | None = None
         self._threads = int(os.environ.get("OMNI_STAGE_THREADS", 0)) or max(
             1, (os.cpu_count() or 1) // cpu_procs
         )
@@ -183,6 +190,7 @@ class PipelineEngine:
                 self._fail(req, StageFailed("the engine is stopping"))
         procs = [p for rep in self._replicas for p in rep.procs.values()]
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+        transport.sweep(self.shm_prefix)
 
     # ---- test and diagnostics hooks --------------------------------------------------------
     def process_pids(self) -> dict[str, int | None]:
@@ -229,7 +237,7 @@ class PipelineEngine:
             )
             for s in rt.active
         }
-        req = _Request(rid, rep, rt, metas, asyncio.Queue())
+        req = _Request(rid, rep, rt, metas, asyncio.Queue(), request.request_id)
         req.terminals_left = set(rt.terminals)
         payload = pack(
             {
@@ -241,7 +249,8 @@ class PipelineEngine:
                 "voice_audio": request.voice_audio,
                 "max_tokens": request.max_tokens,
                 "output_audio": "audio" in outputs,
-            }
+            },
+            self.shm_prefix,
         )
         req.shm.update(refs(payload))
         rep.requests[rid] = req
@@ -268,8 +277,13 @@ class PipelineEngine:
             req.buffered.setdefault(stage, []).append(msg)
 
     def _send(self, req: _Request, stage: str, msg: tuple) -> None:
+        self._trace(req, stage, f"<-{msg[0]}")
         rep = req.replica
         rep.procs[rep.stage_group[stage]].send(msg)
+
+    def _trace(self, req: _Request, stage: str, what: str) -> None:
+        if self.trace is not None:
+            self.trace.setdefault(req.public_id, []).append((time.monotonic(), stage, what))
 
     def _finish(self, req: _Request) -> None:
         info = self._summary(req)
@@ -336,6 +350,7 @@ class PipelineEngine:
             release(refs(payload))
             return
         req.shm.update(refs(payload))
+        self._trace(req, stage, kind)
         rt = req.route
         if kind == out_kind.FINAL:
             for t in rt.next_targets[stage]:
@@ -377,6 +392,7 @@ class PipelineEngine:
             device="cpu" if pp.device == "cpu" else "cuda:0",
             env=dict(pp.env),
             threads=self._threads,
+            shm_prefix=self.shm_prefix,
             max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
         )
         loop = self._loop

@@ -29,6 +29,7 @@ class HostConfig:
     device: str  # torch device
     env: dict[str, str] = field(default_factory=dict)
     threads: int = 1
+    shm_prefix: str = "omni"
     max_running: dict[str, int] = field(default_factory=dict)
 
 
@@ -57,6 +58,9 @@ def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
     os.environ.update(cfg.env)
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from worker.runtime import transport
+
+    transport.set_prefix(cfg.shm_prefix)
     try:
         executors = _load(cfg, outbox)
     except Exception:
@@ -67,12 +71,14 @@ def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
 
 def _load(cfg: HostConfig, outbox: Any) -> dict[str, Any]:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from planner.spec import ModelSpec
     from worker.stages.base import StageContext
     from worker.stages.registry import make_executor
 
     torch.set_num_threads(cfg.threads)
+    hf_logging.disable_progress_bar()  # stage logs are progress lines, not tqdm bars
     spec = ModelSpec.model_validate_json(cfg.spec_json)
     executors: dict[str, Any] = {}
     for name in cfg.stages:

@@ -18,6 +18,13 @@ from typing import Any
 import numpy as np
 
 SHM_THRESHOLD = 16 * 1024  # bytes; smaller arrays are cheaper to pickle
+_prefix = "omni"
+
+
+def set_prefix(prefix: str) -> None:
+    """Name segments ``<prefix>_<random>`` so one engine can find (and sweep) its own."""
+    global _prefix
+    _prefix = prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +34,9 @@ class ShmRef:
     dtype: str
 
 
-def _to_shm(arr: np.ndarray) -> ShmRef:
+def _to_shm(arr: np.ndarray, prefix: str) -> ShmRef:
     arr = np.ascontiguousarray(arr)
-    name = f"omni_{secrets.token_hex(8)}"
+    name = f"{prefix}_{secrets.token_hex(8)}"
     shm = shared_memory.SharedMemory(name=name, create=True, size=max(arr.nbytes, 1))
     try:
         np.ndarray(arr.shape, arr.dtype, buffer=shm.buf)[...] = arr
@@ -49,13 +56,14 @@ def _from_shm(ref: ShmRef, unlink: bool) -> np.ndarray:
     return out
 
 
-def pack(obj: Any) -> Any:
+def pack(obj: Any, prefix: str | None = None) -> Any:
+    prefix = prefix or _prefix
     if isinstance(obj, np.ndarray):
-        return _to_shm(obj) if obj.nbytes >= SHM_THRESHOLD else obj
+        return _to_shm(obj, prefix) if obj.nbytes >= SHM_THRESHOLD else obj
     if isinstance(obj, dict):
-        return {k: pack(v) for k, v in obj.items()}
+        return {k: pack(v, prefix) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(pack(v) for v in obj)
+        return type(obj)(pack(v, prefix) for v in obj)
     return obj
 
 
@@ -96,3 +104,15 @@ def release(names: list[str] | set[str]) -> None:
         shm.close()
         with contextlib.suppress(FileNotFoundError):
             shm.unlink()
+
+
+def sweep(prefix: str) -> int:
+    """Unlink every segment named ``<prefix>_*`` (after stage processes died or stopped)."""
+    import os
+
+    try:
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(prefix + "_")]
+    except OSError:
+        return 0
+    release(names)
+    return len(names)

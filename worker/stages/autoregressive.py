@@ -38,7 +38,8 @@ class ARRequest:
     audio: np.ndarray | None = None
     forced: bool = False
     # codec program
-    speaker: np.ndarray | None = None
+    speaker: np.ndarray | int | None = None
+    speaker_vec: Any = None  # (1, 1, H): prefix, and added to every frame's input
     conds: list[np.ndarray] = field(default_factory=list)
     stream_ended: bool = False
     upstream_info: dict[str, Any] = field(default_factory=dict)
@@ -80,7 +81,7 @@ class AutoregressiveExecutor(StageExecutor):
             out = self.model(inputs_embeds=self.embed(torch.tensor([[0, 1, 2]])), use_cache=True)
             self.model(
                 inputs_embeds=self.embed(torch.tensor([[3]])),
-                cache=out.past_key_values,
+                cache=out.cache,
                 use_cache=True,
             )
 
@@ -144,7 +145,7 @@ class AutoregressiveExecutor(StageExecutor):
         r.pos = embeds.shape[1]
         outs = self.program.after_prefill(r, out.logits[0, -1:], hidden)
         if r.rid in self.running:  # the program keeps it for decode steps
-            self.batch.join(r.rid, out.past_key_values, r.pos)
+            self.batch.join(r.rid, out.cache, r.pos)
         return outs
 
     def _decode(self) -> list[Output]:
@@ -295,7 +296,8 @@ class TextProgram(Program):
 
 
 class CodecProgram(Program):
-    """Talker: speaker prefix, then ``frames_per_token`` codec frames per streamed thinker state."""
+    """Talker: speaker prefix, then ``frames_per_token`` codec frames per streamed thinker state;
+    each frame's input is the previous code's embedding + that thinker state + the speaker."""
 
     def __init__(self, ex: AutoregressiveExecutor) -> None:
         super().__init__(ex)
@@ -333,13 +335,16 @@ class CodecProgram(Program):
         if "error" in r.upstream_info:
             raise ValueError(r.upstream_info.pop("error"))
         if isinstance(r.speaker, int):
-            return self.ex.embed(torch.tensor([[r.speaker]], device=self.ex.ctx.device))
-        vec = torch.from_numpy(np.asarray(r.speaker, dtype=np.float32))
-        if vec.shape[-1] != self.ex.embed.weight.shape[1]:
-            raise ValueError(
-                f"speaker vector of size {vec.shape[-1]} does not match the talker's hidden size"
-            )
-        return vec.to(self.ex.ctx.device, self.ex.embed.weight.dtype).view(1, 1, -1)
+            vec = self.ex.embed(torch.tensor([[r.speaker]], device=self.ex.ctx.device))
+        else:
+            vec = torch.from_numpy(np.asarray(r.speaker, dtype=np.float32))
+            if vec.shape[-1] != self.ex.embed.weight.shape[1]:
+                raise ValueError(
+                    f"speaker vector of size {vec.shape[-1]} does not match the talker's "
+                    "hidden size"
+                )
+        r.speaker_vec = vec.to(self.ex.ctx.device, self.ex.embed.weight.dtype).view(1, 1, -1)
+        return r.speaker_vec
 
     def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
         self.ex.running[r.rid] = r  # the prefix only primes the cache; frames follow
@@ -366,7 +371,7 @@ class CodecProgram(Program):
         torch = self.ex.torch
         e = self.ex.embed(torch.tensor([[r.last]], device=self.ex.ctx.device))
         cond = torch.from_numpy(r.conds[r.generated // self.fpt]).to(e.device, e.dtype)
-        return e + cond.view(1, 1, -1)
+        return e + cond.view(1, 1, -1) + r.speaker_vec
 
     def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]:
         r.generated += 1

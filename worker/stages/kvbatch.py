@@ -77,7 +77,7 @@ class KVBatch:
             use_cache=True,
             output_hidden_states=want_hidden,
         )
-        self.cache = out.past_key_values
+        self.cache = out.cache
         hidden = out.hidden_states[-1][:, -1] if want_hidden else None
         return out.logits[:, -1], hidden
 

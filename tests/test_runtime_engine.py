@@ -1,0 +1,263 @@
+"""PipelineEngine with real stage processes running tiny-omni (no HTTP).
+
+One engine is started per module and shared; the process-kill test runs last because it
+restarts a process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+import yaml
+
+from planner.spec import ModelSpec
+from worker.engine import (
+    AUDIO_INPUT_RATE,
+    AUDIO_OUTPUT_RATE,
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    StageFailed,
+    TextDelta,
+)
+from worker.runtime.engine import PipelineEngine
+from worker.runtime.localplan import cpu_node_plan
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
+LONG_PROMPT = [{"role": "user", "content": "Tell me a story."}]  # 156 tokens > max_new_tokens
+
+
+def make_engine(cache: Path) -> PipelineEngine:
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
+    return PipelineEngine(spec, SPEC_PATH, cpu_node_plan(spec), cache)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("omni-cache")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(cache_dir: Path) -> AsyncIterator[PipelineEngine]:
+    eng = make_engine(cache_dir)
+    eng.trace = {}
+    progress: list[str] = []
+    await asyncio.wait_for(eng.start(progress.append), timeout=180)
+    assert any("ready" in p for p in progress)
+    yield eng
+    await asyncio.wait_for(eng.stop(), timeout=30)
+
+
+def chat(rid: str, audio: bool = False, max_tokens: int | None = None) -> GenerationRequest:
+    return GenerationRequest(
+        rid, RequestKind.CHAT, messages=LONG_PROMPT, output_audio=audio, max_tokens=max_tokens
+    )
+
+
+async def collect(eng: PipelineEngine, req: GenerationRequest, timeout: float = 60) -> list:
+    async def run() -> list:
+        return [ev async for ev in eng.generate(req)]
+
+    return await asyncio.wait_for(run(), timeout)
+
+
+def text_of(events: list) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def audio_of(events: list) -> bytes:
+    return b"".join(e.pcm16 for e in events if isinstance(e, AudioChunk))
+
+
+def first(trace: list, stage: str, what: str) -> float:
+    return next(t for t, s, w in trace if s == stage and w == what)
+
+
+async def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def idle(eng: PipelineEngine) -> bool:
+    st = eng.status()
+    return eng.in_flight() == 0 and all(s.queue_depth == 0 for s in st.stages.values())
+
+
+async def test_status_and_speakers(engine: PipelineEngine) -> None:
+    st = engine.status()
+    assert st.ready and st.healthy
+    assert set(st.stages) == {
+        "preprocessing", "audio_encoder", "thinker", "decode", "talker", "code2wav"
+    }  # fmt: skip
+    assert engine.speakers() == ["chelsie", "ethan", "aiden"]
+
+
+async def test_text_streams_deltas_and_skips_talker(engine: PipelineEngine) -> None:
+    events = await collect(engine, chat("text-1"))
+    fin = events[-1]
+    assert isinstance(fin, Finished) and fin.finish_reason == "length"
+    assert fin.completion_tokens == 128 and fin.prompt_tokens > 0
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert len(deltas) > fin.completion_tokens // 2  # streamed token by token, not at the end
+    assert not any(isinstance(e, AudioChunk) for e in events)
+    trace = engine.trace["text-1"]
+    # text reached the client while the thinker was still generating
+    assert first(trace, "decode", "out") < first(trace, "thinker", "end")
+    assert not any(s in ("talker", "code2wav") for _, s, _ in trace)
+
+
+async def test_max_tokens_and_same_request_same_text(engine: PipelineEngine) -> None:
+    a = await collect(engine, chat("short-a", max_tokens=5))
+    b = await collect(engine, chat("short-b", max_tokens=5))
+    assert a[-1].completion_tokens == 5 and a[-1].finish_reason == "length"
+    assert text_of(a) == text_of(b) and len(text_of(a)) == 5
+
+
+async def test_audio_chunks_stream_while_talker_runs(engine: PipelineEngine) -> None:
+    events = await collect(engine, chat("audio-1", audio=True, max_tokens=60))
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    assert len(chunks) > 3 and text_of(events)
+    pcm = np.frombuffer(audio_of(events), dtype="<i2")
+    # two codec frames of 80 ms per text token
+    assert len(pcm) == 60 * 2 * AUDIO_OUTPUT_RATE * 80 // 1000
+    assert np.abs(pcm).max() > 1000  # audible, not silence
+    trace = engine.trace["audio-1"]
+    assert first(trace, "code2wav", "out") < first(trace, "talker", "end")
+    assert first(trace, "talker", "chunk") < first(trace, "thinker", "end")
+
+
+async def test_speech_voices_are_deterministic_and_distinct(engine: PipelineEngine) -> None:
+    def speech(rid: str, voice: str, ref: np.ndarray | None = None) -> GenerationRequest:
+        return GenerationRequest(
+            rid, RequestKind.SPEECH, text="Hello there.", voice=voice, voice_audio=ref,
+            output_audio=True,
+        )  # fmt: skip
+
+    ethan = audio_of(await collect(engine, speech("s1", "ethan")))
+    assert ethan == audio_of(await collect(engine, speech("s2", "ethan")))
+    assert len(ethan) == len("Hello there.") * 2 * 1920 * 2
+    assert ethan != audio_of(await collect(engine, speech("s3", "aiden")))
+    rng = np.random.default_rng(0)
+    ref = (0.1 * rng.standard_normal(AUDIO_INPUT_RATE)).astype(np.float32)
+    cloned = audio_of(await collect(engine, speech("s4", "mine", ref)))
+    assert cloned == audio_of(await collect(engine, speech("s5", "mine", ref)))
+    assert cloned != ethan and len(cloned) == len(ethan)
+    with pytest.raises(StageFailed, match="unknown voice"):
+        await collect(engine, speech("s6", "nobody"))
+
+
+async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
+    speech = GenerationRequest(
+        "tts", RequestKind.SPEECH, text="Testing one two three.", voice="chelsie",
+        output_audio=True,
+    )  # fmt: skip
+    pcm = np.frombuffer(audio_of(await collect(engine, speech)), dtype="<i2")
+    wav24 = pcm.astype(np.float32) / 32768.0
+    n16 = len(wav24) * AUDIO_INPUT_RATE // AUDIO_OUTPUT_RATE
+    wav16 = np.interp(np.linspace(0, len(wav24) - 1, n16), np.arange(len(wav24)), wav24)
+    req = GenerationRequest(
+        "stt", RequestKind.TRANSCRIPTION, audio=wav16.astype(np.float32), max_tokens=20
+    )
+    events = await collect(engine, req)
+    assert isinstance(events[-1], Finished) and text_of(events)
+    # the audio became ~1 token per 80 ms inside the prompt
+    assert events[-1].prompt_tokens > len(wav16) / AUDIO_INPUT_RATE * 12
+    again = await collect(engine, req)
+    assert text_of(again) == text_of(events)
+
+
+async def test_new_request_joins_running_batch(engine: PipelineEngine) -> None:
+    """Step batching: B's first token comes before A (already running) finishes."""
+    gen_a = engine.generate(chat("join-a"))
+    first_a = await asyncio.wait_for(anext(gen_a), 30)
+    assert isinstance(first_a, TextDelta)
+    events_b = await collect(engine, chat("join-b", max_tokens=3))
+    rest_a = await asyncio.wait_for(_drain(gen_a), 60)
+    assert rest_a[-1].finish_reason == "length"
+    ta, tb = engine.trace["join-a"], engine.trace["join-b"]
+    assert first(tb, "thinker", "chunk") < first(ta, "thinker", "end")
+    assert first(tb, "decode", "out") < first(ta, "decode", "done")
+    assert text_of(events_b) == text_of([first_a, *rest_a])[:3]  # batching changes nothing
+
+
+async def _drain(gen) -> list:
+    return [ev async for ev in gen]
+
+
+async def test_abort_frees_the_request_everywhere(engine: PipelineEngine) -> None:
+    gen = engine.generate(chat("abort-1", audio=True))
+    async for ev in gen:
+        if isinstance(ev, AudioChunk):
+            break
+    assert engine.in_flight() == 1
+    await gen.aclose()  # what cancelling the consumer does
+    assert engine.in_flight() == 0
+    await wait_until(lambda: idle(engine), 10, "every stage's queue to drain")
+    leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(engine.shm_prefix + "_")]
+    assert leftovers == []
+
+
+async def test_cancelled_consumer_task_aborts(engine: PipelineEngine) -> None:
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ev in engine.generate(chat("cancel-1", audio=True)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: idle(engine), 10, "every stage's queue to drain")
+
+
+async def test_deterministic_across_engine_instances(
+    engine: PipelineEngine, cache_dir: Path
+) -> None:
+    other = make_engine(cache_dir)  # reuses the seeded checkpoint in the cache
+    await asyncio.wait_for(other.start(lambda _m: None), timeout=180)
+    try:
+        for req in (chat("det", max_tokens=20), chat("det-audio", audio=True, max_tokens=10)):
+            mine, theirs = await collect(engine, req), await collect(other, req)
+            assert text_of(mine) == text_of(theirs) and text_of(mine)
+            assert audio_of(mine) == audio_of(theirs)
+    finally:
+        await asyncio.wait_for(other.stop(), timeout=30)
+
+
+async def test_killed_stage_process_fails_requests_and_recovers(engine: PipelineEngine) -> None:
+    gen = engine.generate(chat("killed", audio=True))
+    async for ev in gen:
+        if isinstance(ev, AudioChunk):
+            break
+    os.kill(engine.process_pids()["0/talker"], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed, match="talker"):
+        await asyncio.wait_for(_drain(gen), 10)
+    assert time.monotonic() - t0 < 5
+    st = engine.status()
+    assert not st.healthy and not st.ready and "talker" in st.detail
+    with pytest.raises(StageFailed):
+        await collect(engine, chat("while-down", max_tokens=2))
+    await wait_until(lambda: engine.status().ready, 120, "the talker group to restart")
+    st = engine.status()
+    assert st.healthy and st.detail == ""
+    events = await collect(engine, chat("after", audio=True, max_tokens=5))
+    assert isinstance(events[-1], Finished) and audio_of(events)
+    await wait_until(lambda: idle(engine), 10, "every stage's queue to drain")

@@ -1,0 +1,180 @@
+"""Pipeline runtime pieces without stage processes: routing, shared-memory transport, the
+step-batched KV cache against plain transformers generation, batching windows, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from planner.spec import ModelSpec
+from worker.models.checkpoint import load_component, resolve_checkpoint
+from worker.runtime import transport
+from worker.runtime.graph import REQUEST_INPUT, route
+from worker.stages.base import BatchQueue
+from worker.stages.kvbatch import KVBatch
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
+
+
+def tiny_spec() -> ModelSpec:
+    return ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
+
+
+# ---- routing ---------------------------------------------------------------------------------
+def test_text_only_route_skips_talker_and_vocoder() -> None:
+    rt = route(tiny_spec(), frozenset({"text"}))
+    assert rt.active == ("preprocessing", "audio_encoder", "thinker", "decode")
+    assert rt.terminals == {"decode"}
+    assert rt.next_targets["audio_encoder"] == ("thinker",)
+    assert rt.stream_targets["thinker"] == ("decode",)
+    assert rt.required["preprocessing"] == {REQUEST_INPUT}
+    assert rt.required["decode"] == frozenset()  # stream-only: starts at once
+
+
+def test_speech_route_skips_decode_and_talker_waits_for_encoder() -> None:
+    rt = route(tiny_spec(), frozenset({"audio"}))
+    assert "decode" not in rt.active
+    assert rt.terminals == {"code2wav"}
+    assert rt.required["talker"] == {"audio_encoder"}
+    assert rt.stream_sources["talker"] == ("thinker",)
+    assert rt.stream_targets["thinker"] == ("talker",)
+
+
+def test_fan_in_waits_for_every_input() -> None:
+    spec = ModelSpec.model_validate(
+        {
+            "name": "fan",
+            "model_dir": ".",
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "pre",
+            "stages": {
+                "pre": {"executor": "preprocess", "next": ["a", "b"]},
+                "a": {"executor": "encoder", "next": ["agg"]},
+                "b": {"executor": "encoder", "next": ["agg"], "only_for_output": ["audio"]},
+                "agg": {"executor": "aggregate", "wait_for": ["a", "b"], "next": ["out"]},
+                "out": {"executor": "decode", "terminal": True},
+            },
+        }
+    )
+    assert route(spec, frozenset({"text", "audio"})).required["agg"] == {"a", "b"}
+    # an inactive input is not waited for
+    assert route(spec, frozenset({"text"})).required["agg"] == {"a"}
+
+
+# ---- transport -------------------------------------------------------------------------------
+def test_large_arrays_travel_through_shared_memory_small_ones_inline() -> None:
+    big = np.arange(transport.SHM_THRESHOLD, dtype=np.float32)
+    small = np.arange(4, dtype=np.int16)
+    packed = transport.pack({"big": big, "small": small, "list": [big]}, "omnitest")
+    names = transport.refs(packed)
+    assert len(names) == 2 and all(n.startswith("omnitest_") for n in names)
+    assert isinstance(packed["small"], np.ndarray)
+    assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
+    out = transport.unpack(packed)  # a receiver copies; the owner unlinks
+    np.testing.assert_array_equal(out["big"], big)
+    np.testing.assert_array_equal(out["list"][0], big)
+    transport.release(names)
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+    transport.release(names)  # already gone: fine
+
+
+def test_sweep_removes_an_engines_leftover_segments() -> None:
+    packed = transport.pack(np.zeros(10_000, dtype=np.float32), "omnisweep")
+    assert transport.sweep("omnisweep") == 1
+    assert not os.path.exists(f"/dev/shm/{packed.name}")
+
+
+# ---- batching window -------------------------------------------------------------------------
+def test_batch_queue_window_and_max_size() -> None:
+    q = BatchQueue(max_batch_size=3, window_ms=50)
+    assert q.deadline() is None
+    q.put("a", 1)
+    first = q.deadline()
+    assert first is not None and first > 0
+    q.put("b", 2, weight=2)
+    assert q.deadline() <= first  # full: run now
+    q.put("c", 3)
+    assert [rid for rid, _ in q.take()] == ["a", "b"]
+    assert [rid for rid, _ in q.take()] == ["c"]
+
+
+# ---- checkpoint + KV batching ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_checkpoint(tiny_spec(), SPEC_PATH, tmp_path_factory.mktemp("cache"), log=print)
+
+
+def test_seeded_checkpoint_is_an_ordinary_checkpoint(checkpoint: Path) -> None:
+    for comp in ("thinker", "talker", "audio_encoder", "code2wav"):
+        assert (checkpoint / comp / "config.json").is_file()
+        assert (checkpoint / comp / "model.safetensors").is_file()
+    assert (checkpoint / "tokenizer.json").is_file()
+    saved = json.loads((checkpoint / "talker" / "config.json").read_text())
+    assert saved["speaker_id"]["ethan"] == 261
+
+
+def test_concurrent_builds_agree_on_one_directory(tmp_path: Path) -> None:
+    results: list[Path] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(resolve_checkpoint(tiny_spec(), SPEC_PATH, tmp_path))
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 2 and results[0] == results[1]
+    assert [p.name for p in tmp_path.iterdir()] == [results[0].name]  # no temp dirs left
+
+
+def _reference_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(steps):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_step_batching_matches_unbatched_greedy_decoding(checkpoint: Path) -> None:
+    """Requests of different lengths joining at different steps, left-padded into one cache,
+    produce exactly the tokens of running each alone without a cache."""
+    model = load_component(checkpoint, "thinker", "", "fp32", "cpu")
+    embed = model.get_input_embeddings()
+    prompts = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41], "c": [100, 90, 80, 70]}
+    steps = 6
+    want = {rid: _reference_greedy(model, p, steps) for rid, p in prompts.items()}
+    batch, got, pos = KVBatch(), {rid: [] for rid in prompts}, {}
+    joins = {0: "a", 2: "b", 3: "c"}  # step -> request joining before it
+    with torch.inference_mode():
+        for step in range(steps + 3):
+            if step in joins:
+                rid = joins[step]
+                out = model(inputs_embeds=embed(torch.tensor([prompts[rid]])), use_cache=True)
+                got[rid].append(int(out.logits[0, -1].argmax()))
+                pos[rid] = len(prompts[rid])
+                batch.join(rid, out.cache, pos[rid])
+            live = [r for r in batch.rids if len(got[r]) < steps]
+            if len(live) < len(batch.rids):
+                batch.leave(set(batch.rids) - set(live))
+            if not batch.rids:
+                break
+            # "b" skips one step as a bubble (a talker waiting for input does this)
+            valid = [not (r == "b" and step == 3) for r in batch.rids]
+            embeds = torch.cat([embed(torch.tensor([[got[r][-1]]])) for r in batch.rids])
+            positions = torch.tensor([pos[r] for r in batch.rids])
+            logits, _ = batch.step(model, embeds, torch.tensor(valid), positions, False)
+            for i, r in enumerate(batch.rids):
+                if valid[i]:
+                    got[r].append(int(logits[i].argmax()))
+                    pos[r] += 1
+    assert got == want
