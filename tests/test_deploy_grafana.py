@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,22 +28,7 @@ SUFFIXES = {
     "summary": ("", "_count", "_sum"),
 }
 
-# -- a small PromQL lexer: enough to tell metric names from functions, keywords and labels ------
-
-_TOKEN = re.compile(
-    r"""(?P<string>"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')
-      | (?P<range>\[[^\]]*\])
-      | (?P<number>\d+(?:\.\d+)?(?:e[+-]?\d+)?)
-      | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
-      | (?P<var>\$\w+)
-      | (?P<op>=~|!~|!=|==|>=|<=|[-+*/%^<>=(),{}])
-      | (?P<space>\s+)""",
-    re.VERBOSE,
-)
-_KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-    "unless", "offset", "inf", "nan",
-}  # fmt: skip
+# -- PromQL, parsed by a real parser (promql-parser: a port of Prometheus' own) ---------------
 
 
 @dataclass
@@ -52,44 +38,35 @@ class Query:
 
 
 def parse_promql(expr: str) -> Query:
-    tokens: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(expr):
-        match = _TOKEN.match(expr, pos)
-        assert match, f"cannot lex {expr[pos:]!r} in {expr!r}"
-        pos = match.end()
-        if match.lastgroup != "space":
-            tokens.append((match.lastgroup or "", match.group()))
+    """Metric names and label names an expression uses; a syntax error raises ValueError."""
     query = Query()
-    depth_braces = 0
-    grouping = False  # inside `by (...)`, `without (...)`, `on (...)`, `ignoring (...)`
-    for i, (kind, text) in enumerate(tokens):
-        following = tokens[i + 1][1] if i + 1 < len(tokens) else ""
-        if text == "{":
-            depth_braces += 1
-        elif text == "}":
-            depth_braces -= 1
-        elif text == ")" and grouping:
-            grouping = False
-        elif kind == "ident" and text.lower() in _KEYWORDS:
-            grouping = text.lower() in ("by", "without", "on", "ignoring", "group_left")
-            grouping = grouping and following == "("
-        elif kind == "ident" and (depth_braces or grouping):
-            query.labels.add(text)
-        elif kind == "ident" and following.lower() in ("(", "by", "without"):
-            continue  # a function, or an aggregation (`sum by (x) (...)`)
-        elif kind == "ident":
-            query.metrics.add(text)
+
+    def visit(node: object) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                query.metrics.add(node.name)
+            query.labels.update(m.name for m in node.matchers.matchers if m.name != "__name__")
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            query.labels.update(node.modifier.labels)
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            if node.modifier.matching is not None:
+                query.labels.update(node.modifier.matching.labels)
+            query.labels.update(node.modifier.group_labels or ())
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
     return query
 
 
-def test_the_lexer_tells_metrics_from_functions_and_labels() -> None:
+def test_the_parser_tells_metrics_from_functions_and_labels() -> None:
     q = parse_promql(
         'histogram_quantile(0.95, sum by (le, route) (rate(a_bucket{route=~"chat|x"}[5m])))'
         " / on (instance) group_left b_total > 0"
     )
     assert q.metrics == {"a_bucket", "b_total"}
     assert q.labels == {"le", "route", "instance"}
+    with pytest.raises(ValueError, match="parenthesis"):
+        parse_promql("sum(rate(a_total[5m])")
 
 
 # -- what the daemons export -----------------------------------------------------------------
@@ -162,6 +139,7 @@ def targets() -> list[tuple[str, str]]:
 def test_every_query_uses_exported_metrics_and_labels(
     title: str, expr: str, exported: dict[str, set[str]]
 ) -> None:
+    # Grafana replaces its variables before Prometheus sees the query
     query = parse_promql(expr.replace("$__rate_interval", "5m"))
     assert query.metrics, f"{title}: no metric in {expr!r}"
     unknown = query.metrics - exported.keys()
