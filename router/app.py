@@ -137,24 +137,21 @@ class Router:
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
             )
             return
-        try:
-            if json_routed:
+        if json_routed:
+            try:
                 c = classify_json(endpoint, req.body, ctype, self.session_from_user)
-            else:
-                c = Classified(endpoint)
-            if session is not None:
-                c.session_key = check_session_key(session.decode("latin-1"))
-            capable, open_ = self.admission.admit(c, self.in_flight)
-        except OmniError as exc:
-            outcome = getattr(exc, "outcome", None)
-            if outcome is not None:
-                self.metrics.policy[outcome.value] += 1
-            self._fail(client, exc)
+            except OmniError as exc:
+                self._fail(client, exc)
+                return
+        else:
+            c = Classified(endpoint)
+        admitted = self._admit(client, c, session)
+        if admitted is None:
             return
+        capable, open_ = admitted
         self.in_flight += 1
         body = req.body
-        rid = self.rid_prefix + b"%x" % next(self.rid_counter)
-        rid_line = b"x-omni-request-id: " + rid + b"\r\n"
+        rid_line = self._rid_line()
         if body is None:  # a streamed upload: its body follows, framed as the client framed it
             body = b""
             length = client.upload_length
@@ -165,6 +162,8 @@ class Router:
             )
         elif body or req.method not in _NO_LENGTH_METHODS:
             fwd.append(b"content-length: %d\r\n" % len(body))
+        if c.session_key is not None:  # the worker learns the key the router routed on
+            fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         fwd += (rid_line, self.worker_token_line, b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
         if c.session_key is None:
@@ -173,6 +172,24 @@ class Router:
             self._send(client, self.choose(open_, c.stage_class, None), d)
         else:
             self._spawn(self._dispatch_session(client, d, capable, open_))
+
+    def _admit(
+        self, client: ClientConnection, c: Classified, session: bytes | None
+    ) -> tuple[list[WorkerState], list[WorkerState]] | None:
+        """(capable, with capacity) workers, or None once the client has its error response."""
+        try:
+            if session is not None:
+                c.session_key = check_session_key(session.decode("latin-1"))
+            return self.admission.admit(c, self.in_flight)
+        except OmniError as exc:
+            outcome = getattr(exc, "outcome", None)
+            if outcome is not None:
+                self.metrics.policy[outcome.value] += 1
+            self._fail(client, exc)
+            return None
+
+    def _rid_line(self) -> bytes:
+        return b"x-omni-request-id: %b%x\r\n" % (self.rid_prefix, next(self.rid_counter))
 
     async def _dispatch_session(
         self,
@@ -405,20 +422,16 @@ class Router:
         if route is None:
             self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
             return
-        try:
-            c = Classified(route[0])
-            if session is not None:
-                c.session_key = check_session_key(session.decode("latin-1"))
-            capable, open_ = self.admission.admit(c, self.in_flight)
-        except OmniError as exc:
-            outcome = getattr(exc, "outcome", None)
-            if outcome is not None:
-                self.metrics.policy[outcome.value] += 1
-            self._fail(client, exc)
+        c = Classified(route[0])
+        admitted = self._admit(client, c, session)
+        if admitted is None:
             return
+        capable, open_ = admitted
         self.in_flight += 1
-        rid_line = b"x-omni-request-id: " + self.rid_prefix + b"%x\r\n" % next(self.rid_counter)
+        rid_line = self._rid_line()
         fwd += (b"connection: Upgrade\r\nupgrade: websocket\r\n", rid_line, self.worker_token_line)
+        if c.session_key is not None:
+            fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         fwd.append(b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)
         self._spawn(self._websocket(client, d, capable, open_))
@@ -497,7 +510,7 @@ class Router:
     # -- admin surface ---------------------------------------------------------------------
 
     def _admin(self, client: ClientConnection, req: Request, path: bytes) -> None:
-        if req.method not in (b"GET", b"HEAD"):
+        if req.method != b"GET":
             self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "not found"))
             return
         if path == b"/live":

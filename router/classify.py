@@ -60,11 +60,11 @@ def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
 
 
 def check_session_key(key: str) -> str:
-    if not key or len(key) > MAX_SESSION_KEY or not key.isprintable():
+    if not key or len(key) > MAX_SESSION_KEY or not (key.isascii() and key.isprintable()):
         raise OmniError(
             400,
             ErrorCode.INVALID_SESSION_KEY,
-            f"session key must be 1..{MAX_SESSION_KEY} printable characters",
+            f"session key must be 1..{MAX_SESSION_KEY} printable ASCII characters",
         )
     return key
 

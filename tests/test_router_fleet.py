@@ -191,3 +191,28 @@ def test_redis_going_away_and_coming_back() -> None:
         finally:
             router.stop()
             w1.stop()
+
+
+def test_processes_share_one_port_and_the_session_bindings(redis_url: str) -> None:
+    w1 = FakeWorker("w1", redis_url=redis_url)
+    w2 = FakeWorker("w2", redis_url=redis_url)
+    router = Router("--redis-url", redis_url, "--processes", "2", name="router-procs")
+    try:
+        pids: set[int] = set()
+
+        def both_ready() -> bool:
+            diag = httpx.get(router.url + "/diagnostics", timeout=2).json()
+            if {w["id"] for w in diag["workers"] if w["routable"]} == {"w1", "w2"}:
+                pids.add(diag["router"]["pid"])
+            return len(pids) == 2
+
+        # new connections land on either process (SO_REUSEPORT)
+        wait_for(both_ready, 15, interval=0.01)
+        bound = {r.headers["x-omni-worker-id"] for r in
+                 (chat(router.url, headers={"x-session-id": "p1"}) for _ in range(10))}  # fmt: skip
+        assert len(bound) == 1  # every process agrees on the session's worker
+    finally:
+        router.stop()
+        w1.stop()
+        w2.stop()
+    assert router.p.returncode == 0

@@ -49,6 +49,7 @@ class Upstream(asyncio.Protocol):
         "headers",
         "last_activity",
         "parser",
+        "paused",
         "pool",
         "sent_at",
         "sock",
@@ -79,6 +80,7 @@ class Upstream(asyncio.Protocol):
         self.sent_at = 0.0
         self.last_activity = 0.0
         self.fail_reason = ""
+        self.paused = False  # reading paused for a slow client
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -167,11 +169,13 @@ class Upstream(asyncio.Protocol):
             client.transport.resume_reading()
 
     def pause_reading(self) -> None:
-        if self.transport is not None:
+        if self.transport is not None and not self.paused:
+            self.paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None and not self.closed:
+        if self.paused and self.transport is not None and not self.closed:
+            self.paused = False
             self.transport.resume_reading()
 
     # -- httptools callbacks ---------------------------------------------------------------
@@ -251,6 +255,7 @@ class Upstream(asyncio.Protocol):
         self.client = None
         self._finish(client)
         if keep and not self.closed:
+            self.resume_reading()  # paused mid-feed by a slow client: pooled links must read
             self.pool.put(self)
         else:
             self.close()
