@@ -99,7 +99,7 @@ def build_plan(
     if total and errors:
         # A fleet where some nodes hold a replica: the others are worth a warning, not a refusal.
         warnings += [
-            e.model_copy(update={"message": f"node {e.node} holds no replica: {e.message}"})
+            e.model_copy(update={"message": f"{e.message} (node {e.node} holds no replica)"})
             for e in errors
         ]
         errors = []

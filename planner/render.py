@@ -41,12 +41,14 @@ def print_plan(plan: LaunchPlan, console: Console, spec_label: str) -> None:
         _fleet_table(plan, console)
     for node, names in distinct_layouts(plan):
         label = node.node if len(names) == 1 else f"{node.node} (and {len(names) - 1} identical)"
-        if node.gpus:
+        if node.gpus and node.replicas:
             _gpu_table(node, label, console)
         if node.processes:
             _process_table(node, label, console)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False)
+        for fix in w.fixes:
+            console.print(f"  fix: {fix}", highlight=False)
     for e in plan.errors:
         console.print(f"[bold red]error:[/bold red] {e.message}", highlight=False)
         for fix in e.fixes:
@@ -70,15 +72,16 @@ def _fleet_table(plan: LaunchPlan, console: Console) -> None:
         str(f.nodes), str(f.gpus), str(f.replicas), _g(f.capacity_bytes), _g(f.planned.total), kinds
     )
     console.print(t)
-    per = Table(title="Nodes", title_justify="left")
-    for col in ("node", "GPUs", "replicas", "planned GiB", "headroom GiB"):
-        per.add_column(col, justify="left" if col == "node" else "right")
-    for n in plan.nodes:
+    per = Table(title="Nodes (identical layouts grouped; per node)", title_justify="left")
+    for col in ("nodes", "count", "GPUs", "replicas", "planned GiB", "headroom GiB"):
+        per.add_column(col, justify="left" if col == "nodes" else "right")
+    for n, names in distinct_layouts(plan):
         kinds: dict[str, int] = {}
         for g in n.gpus:
             kinds[g.name] = kinds.get(g.name, 0) + 1
         per.add_row(
-            n.node,
+            names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}",
+            str(len(names)),
             ", ".join(f"{c}x{k}" for k, c in kinds.items()) or "cpu",
             str(len(n.replicas)),
             _g(sum(g.planned.total for g in n.gpus)),
@@ -113,16 +116,20 @@ def _process_table(node: NodePlan, label: str, console: Console) -> None:
     )
     for col in ("process", "stages", "GPUs", "weights", "KV", "KV tokens", "activ.", "runtime",
                 "total", "fraction"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("process", "stages") else "right", no_wrap=True)
+        if col == "stages":
+            t.add_column(col, overflow="fold")
+        else:
+            t.add_column(col, justify="left" if col == "process" else "right", no_wrap=True)
     many = len(node.replicas) > 4
     for p in node.processes:
         if many and p.replica >= 2:
             continue
-        m = p.memory_per_gpu
+        # A cpu process: what its stages hold in host memory instead.
+        m = p.memory_per_gpu if p.gpus else budget_rows(s.memory for s in p.stages)
         tokens = sum(s.kv_tokens for s in p.stages)
         t.add_row(
             p.name, "+".join(s.stage for s in p.stages),
-            (p.env.get("CUDA_VISIBLE_DEVICES", "") or "cpu")
+            (p.env.get("CUDA_VISIBLE_DEVICES", "") or "cpu (host)")
             + (f" (tp{p.tp_size})" if p.tp_size > 1 else ""),
             _g(m.weights), _g(m.kv_cache), f"{tokens:,}" if tokens else "", _g(m.activations),
             _g(m.runtime), _g(m.total),
