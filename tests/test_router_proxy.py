@@ -312,3 +312,31 @@ def test_uploads_stream_to_the_worker_without_buffering(workers) -> None:
         assert chat(big.url).status_code == 200  # the connection state is clean afterwards
     finally:
         big.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):  # noqa: SIM115
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_slow_client_slows_the_worker_instead_of_filling_router_memory() -> None:
+    # 60 MB of audio as fast as the worker can write it, to a client that stops reading
+    big = FakeWorker("bigaudio", "--chunks", "120", "--chunk-bytes", "500000")
+    router = Router("--worker", big.url, name="router-backpressure")
+    try:
+        before = rss_bytes(router.p.pid)
+        body = {"model": "fake-model", "input": "long"}
+        with httpx.stream("POST", router.url + "/v1/audio/speech", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            pieces = r.iter_raw(65536)
+            total = len(next(pieces))
+            time.sleep(1.5)  # not reading: the router must stop reading the worker
+            grown = rss_bytes(router.p.pid) - before
+            assert grown < 16_000_000, grown
+            total += sum(len(p) for p in pieces)
+        assert total == 120 * 500_000
+    finally:
+        router.stop()
+        big.stop()

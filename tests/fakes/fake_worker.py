@@ -244,7 +244,7 @@ class Conn(asyncio.Protocol):
             if cut is not None and i == cut:
                 self.transport.abort()  # type: ignore[union-attr]
                 return
-            w(chunk(bytes([i % 256]) * 4800))
+            w(chunk(bytes([i % 256]) * a.chunk_bytes))
         w(b"0\r\n\r\n")
 
     async def control(self, what: str, body: bytes) -> bytes:
@@ -405,6 +405,7 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--chunks", type=int, default=5)
     p.add_argument("--chunk-delay-ms", type=float, default=0.0)
+    p.add_argument("--chunk-bytes", type=int, default=4800, help="audio bytes per chunk")
     p.add_argument("--capacity", type=int, default=64)
     p.add_argument(
         "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]
