@@ -238,3 +238,38 @@ def test_bad_inventory_files(tmp_path: Path) -> None:
     bad.write_text("nodes:\n  - {name: a, gpus: 1xL4-24GB}\n  - {name: a, gpus: 1xL4-24GB}\n")
     with pytest.raises(InventoryError, match="node name 'a' appears twice"):
         Inventory.from_file(bad)
+
+
+def test_estimates_are_tunable_per_stage_and_per_catalog(tmp_path: Path) -> None:
+    spec = MODELS / "qwen3-8b.yaml"
+    base = plan_spec(spec, "1xH100-80GB", max_replicas_per_node=1).plan
+    llm = procs(base)["0/llm"]
+    tuned = plan_spec(
+        spec,
+        "1xH100-80GB",
+        [
+            "--llm.memory.activations_bytes", "1000",
+            "--llm.memory.runtime_bytes", "2000",
+            "--llm.engine.kv_budget_tokens", "10000",
+            "--llm.engine.kv_dtype", "fp8",
+            "--llm.dtype", "fp8",
+        ],
+        max_replicas_per_node=1,
+    ).plan  # fmt: skip
+    t = procs(tuned)["0/llm"]
+    assert t.memory_per_gpu.activations == 1000 and t.memory_per_gpu.runtime == 2000
+    assert t.memory_per_gpu.weights == llm.memory_per_gpu.weights // 2 == 8_190_735_360
+    assert t.stages[0].kv_tokens == 10_000
+    assert t.memory_per_gpu.kv_cache == 10_000 * 147_456 // 2
+    # A catalog of one's own: capacity, reserve and runtime per GPU type.
+    catalog = tmp_path / "gpus.yaml"
+    catalog.write_text(
+        "defaults: {runtime_bytes_per_process: 1073741824, cuda_graph_bytes: 0}\n"
+        "gpus:\n  Big-1TB: {memory_bytes: 1099511627776, reserved_bytes: 0}\n"
+    )
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("catalog: gpus.yaml\nnodes:\n  - {name: big, gpus: 1xBig-1TB}\n")
+    plan = plan_spec(spec, inv, max_replicas_per_node=1).plan
+    (gpu,) = plan.nodes[0].gpus
+    assert (gpu.name, gpu.capacity_bytes, gpu.reserved_bytes) == ("Big-1TB", 2**40, 0)
+    assert procs(plan)["0/llm"].memory_per_gpu.runtime == 2**30
