@@ -127,10 +127,12 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
     for group, names in spec.process_groups().items():
         gpu = [spec.stages[n] for n in names if spec.stages[n].device.value == "gpu"]
         if len({s.tp_size for s in gpu}) > 1:
+            sizes = {
+                n: spec.stages[n].tp_size for n in names if spec.stages[n].device.value == "gpu"
+            }
             raise SpecError(
-                f"{path}: process {group!r} mixes tp_size "
-                f"{ {n: spec.stages[n].tp_size for n in names} }; stages sharing a process share "
-                "its GPUs"
+                f"{path}: process {group!r} mixes tp_size {sizes}; GPU stages sharing a process "
+                "share its GPUs, so set the same tp_size on all of them"
             )
         if len({tuple(s.gpus) if s.gpus is not None else None for s in gpu}) > 1:
             raise SpecError(

@@ -364,22 +364,34 @@ class Placer:
                 f"node {node.name} GPU {g} ({gpu.name}): process {names} needs {exact(need)} per "
                 f"GPU but at most {exact(max(free_bytes, 0))} is free there"
             )
-        biggest = max((f for u in units for f in u.gpu_stages), key=lambda f: f.weight_bytes_rank)
-        return Issue(
-            g, over, f"{what}; overflow {exact(over)}", self._fixes(biggest, gpu, over, need)
+        owner, biggest = max(
+            ((u, f) for u in units for f in u.gpu_stages), key=lambda uf: uf[1].weight_bytes_rank
+        )
+        fixes = self._fixes(owner, biggest, gpu, over, need)
+        return Issue(g, over, f"{what}; overflow {exact(over)}", fixes)
+
+    def _tp_fix(self, unit: Unit, f: StageFacts) -> str:
+        """Doubling TP for every GPU stage of the process (they share its GPUs), with new pins
+        beyond the pinned layout's width when the spec pins GPUs."""
+        tp = unit.tp * 2
+        parts = [f"--{s.name}.tp_size {tp}" for s in unit.gpu_stages]
+        if unit.pins is not None:
+            width = max(max(u.pins or (0,)) for u in self.gpu_units) + 1
+            pins = [*unit.pins, *range(width, width + unit.tp)]
+            parts += [f"--{s.name}.gpus [{','.join(map(str, pins))}]" for s in unit.gpu_stages]
+        return (
+            f"more TP: {' '.join(parts)} (weights {gib(f.weight_bytes_rank)} and KV split over "
+            f"{tp} GPUs)"
         )
 
-    def _fixes(self, f: StageFacts, gpu: GpuType, over: int, need: int) -> list[str]:
+    def _fixes(self, unit: Unit, f: StageFacts, gpu: GpuType, over: int, need: int) -> list[str]:
         s, st = f.name, f.stage
         fixes = []
         if st.memory_share is not None:
             grow = st.memory_share + over / gpu.memory_bytes
             fixes.append(f"a larger share: --{s}.memory_share {min(grow + 0.005, 1):.3f}")
         if f.is_engine or f.weight_bytes_rank > over:
-            fixes.append(
-                f"more TP: --{s}.tp_size {st.tp_size * 2} (weights {gib(f.weight_bytes_rank)} "
-                f"and KV split over {st.tp_size * 2} GPUs)"
-            )
+            fixes.append(self._tp_fix(unit, f))
         if st.dtype.bytes > 1 and f.weight_bytes_rank:
             saved = f.weight_bytes_rank - f.weight_bytes_rank // st.dtype.bytes
             fixes.append(f"fp8 weights: --{s}.dtype fp8 saves {gib(saved)} per GPU")
