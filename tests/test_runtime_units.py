@@ -178,3 +178,95 @@ def test_step_batching_matches_unbatched_greedy_decoding(checkpoint: Path) -> No
                     got[r].append(int(logits[i].argmax()))
                     pos[r] += 1
     assert got == want
+
+
+# ---- a real checkpoint directory, stages driven in-process -----------------------------------
+def _plain_checkpoint(checkpoint: Path, dest: Path) -> Path:
+    """An ordinary HF checkpoint dir (what a downloaded Qwen3 looks like): no seed file."""
+    import shutil
+
+    dest.mkdir()
+    for f in (checkpoint / "thinker").iterdir():
+        shutil.copyfile(f, dest / f.name)
+    for f in checkpoint.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+def test_plain_checkpoint_text_pipeline_matches_hf_generate(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta, StageContext
+    from worker.stages.registry import make_executor
+
+    model_dir = _plain_checkpoint(checkpoint, tmp_path / "plain-lm")
+    spec = ModelSpec.model_validate(
+        {
+            "name": "plain-lm",
+            "model_dir": str(model_dir),
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "preprocessing",
+            "stages": {
+                "preprocessing": {"executor": "preprocess", "device": "cpu", "next": ["llm"]},
+                "llm": {
+                    "executor": "autoregressive",
+                    "component": {},
+                    "device": "cpu",
+                    "dtype": "fp32",
+                    "stream_to": ["decode"],
+                    "engine": {"max_new_tokens": 12},
+                },
+                "decode": {"executor": "decode", "device": "cpu", "terminal": True},
+            },
+        }
+    )
+    assert resolve_checkpoint(spec, tmp_path / "spec.yaml", tmp_path / "cache") == model_dir
+
+    def executor(name: str):
+        ex = make_executor(StageContext(name, spec, spec.stages[name], model_dir, "cpu", 4))
+        ex.load()
+        return ex
+
+    pre, llm, dec = executor("preprocessing"), executor("llm"), executor("decode")
+    meta = RequestMeta("chat", frozenset({"text"}))
+    prompts = {"r1": "Tell me a story.", "r2": "hi"}
+    for rid, text in prompts.items():
+        pre.start(rid, meta, {"request": {"kind": "chat", "messages": [
+            {"role": "user", "content": text}]}})  # fmt: skip
+        ((kind, _, payload),) = pre.step()
+        assert kind == FINAL
+        llm.start(rid, meta, {"preprocessing": payload})
+        dec.start(rid, meta, {})
+    tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
+    texts = dict.fromkeys(prompts, "")
+    finished: set[str] = set()
+    for _ in range(100):
+        for kind, rid, data in llm.step():  # both requests share each decode step
+            if kind == CHUNK:
+                tokens[rid] += data["tokens"]
+                dec.feed(rid, "llm", data)
+            elif kind == END:
+                dec.end_stream(rid, "llm", data)
+        for kind, rid, data in dec.step() if dec.next_deadline() is not None else []:
+            if kind == OUT:
+                texts[rid] += data[1]
+            elif kind == DONE:
+                finished.add(rid)
+        if finished == set(prompts):
+            break
+    assert finished == set(prompts)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for rid, text in prompts.items():
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]  # fmt: skip
+        ref = model.generate(ids, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+        ref = [t for t in ref if t not in (258, 256)]  # eos / padding after it
+        assert tokens[rid] == ref
+        assert texts[rid] == tok.decode(ref, skip_special_tokens=True)

@@ -257,6 +257,7 @@ class PipelineEngine:
         req.inputs.setdefault(self.spec.entry, {})[REQUEST_INPUT] = payload
         for stage in rt.active:
             self._maybe_start(req, stage)
+        self._flush(rep)
         return req
 
     def _maybe_start(self, req: _Request, stage: str) -> None:
@@ -320,11 +321,22 @@ class PipelineEngine:
             for g in groups:
                 if g in rep.procs and g not in rep.down:
                     rep.procs[g].send((m.ABORT, req.rid))
+            self._flush(rep)
         release(req.shm)
         req.shm.clear()
 
     # ---- messages from stage processes (on the event loop) ---------------------------------
+    def _flush(self, rep: _Replica) -> None:
+        for proc in rep.procs.values():
+            proc.flush()
+
     def _on_messages(self, rep: _Replica, proc: StageProcess, msgs: list[tuple]) -> None:
+        try:
+            self._handle(rep, proc, msgs)
+        finally:
+            self._flush(rep)
+
+    def _handle(self, rep: _Replica, proc: StageProcess, msgs: list[tuple]) -> None:
         for msg in msgs:
             kind = msg[0]
             if kind == m.LOAD:

@@ -113,9 +113,9 @@ def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
         timeout = IDLE_WAIT if not deadlines else max(0.0, min(deadlines) - now)
         msgs = []
         try:
-            msgs.append(inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait())
+            msgs.extend(inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait())
             while True:
-                msgs.append(inbox.get_nowait())
+                msgs.extend(inbox.get_nowait())
         except queue.Empty:
             pass
         outs: list[tuple] = []

@@ -10,7 +10,11 @@ from planner.plan import NodePlan, ProcessPlan, ReplicaPlan, StagePlacement
 from planner.spec import ModelSpec
 
 
-def cpu_node_plan(spec: ModelSpec, node: str = "local") -> NodePlan:
+def cpu_node_plan(
+    spec: ModelSpec, node: str = "local", groups: dict[str, list[str]] | None = None
+) -> NodePlan:
+    """``groups`` (process name -> stages) overrides the spec's process groups."""
+    groups = groups or spec.process_groups()
     processes = [
         ProcessPlan(
             name=f"0/{group}",
@@ -24,7 +28,7 @@ def cpu_node_plan(spec: ModelSpec, node: str = "local") -> NodePlan:
             ],
             device="cpu",
         )
-        for group, stages in spec.process_groups().items()
+        for group, stages in groups.items()
     ]
     return NodePlan(
         node=node,

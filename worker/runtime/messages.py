@@ -1,6 +1,6 @@
 """Messages between the coordinator and stage processes (plain tuples: cheap to pickle).
 
-coordinator -> host (one multiprocessing queue per process):
+coordinator -> host (one multiprocessing queue per process; each put is a list of):
   (START, stage, rid, meta, inputs)      all required inputs of ``stage`` arrived
   (CHUNK, stage, rid, src, data)         a stream chunk from ``src``
   (END, stage, rid, src, info)           the stream from ``src`` is complete

@@ -29,6 +29,7 @@ class StageProcess:
         self.name = cfg.process
         self.stages = list(cfg.stages)
         self.ready: set[str] = set()
+        self._pending: list[tuple] = []
         self.inbox = _CTX.Queue()
         self._recv, send = _CTX.Pipe(duplex=False)
         self.proc = _CTX.Process(
@@ -50,8 +51,15 @@ class StageProcess:
         return self.ready >= set(self.stages)
 
     def send(self, msg: tuple) -> None:
+        """Queue one message; it goes out with the next ``flush`` (one pickle + write for all)."""
+        self._pending.append(msg)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        msgs, self._pending = self._pending, []
         with contextlib.suppress(ValueError, OSError):  # closed after the process died
-            self.inbox.put(msg)
+            self.inbox.put(msgs)
 
     def _read(self) -> None:
         while True:
@@ -75,6 +83,7 @@ class StageProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         self.send((m.STOP,))
+        self.flush()
         self.proc.join(timeout)
         if self.proc.is_alive():
             self.proc.kill()

@@ -22,7 +22,7 @@ from worker.stages.base import DONE, OUT, BatchQueue, Output, RequestMeta, Stage
 
 FIRST_CHUNK_FRAMES = 4
 CHUNK_FRAMES = 10
-LEFT_CONTEXT = 10
+LEFT_CONTEXT = 4
 
 
 @dataclass(slots=True)

@@ -1,0 +1,148 @@
+"""PipelineEngine (no HTTP) on tiny-omni: time to first text token and to first audio chunk at
+concurrency 1, and throughput at concurrency 1 vs 8 (step batching should make 8 clearly faster
+in total).
+
+    python bench/bench_worker.py [--requests 16] [--max-tokens 64] [--cache DIR] [--json]
+
+Run by hand on an otherwise idle machine. ``bench/bench_worker_http.py`` measures the same
+through the HTTP API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.spec import ModelSpec  # noqa: E402
+from worker.engine import (  # noqa: E402
+    AUDIO_OUTPUT_RATE,
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    TextDelta,
+)
+from worker.runtime.engine import PipelineEngine  # noqa: E402
+from worker.runtime.localplan import cpu_node_plan  # noqa: E402
+
+SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
+PROMPTS = ["Tell me a story.", "abc", "What is omni-fleet?", "hi"]  # long generations
+
+
+async def one(eng: PipelineEngine, req: GenerationRequest) -> dict:
+    t0 = time.perf_counter()
+    out = {"first_text": None, "first_audio": None, "tokens": 0, "audio_s": 0.0}
+    async for ev in eng.generate(req):
+        now = time.perf_counter() - t0
+        if isinstance(ev, TextDelta) and out["first_text"] is None:
+            out["first_text"] = now
+        elif isinstance(ev, AudioChunk):
+            if out["first_audio"] is None:
+                out["first_audio"] = now
+            out["audio_s"] += len(ev.pcm16) / 2 / AUDIO_OUTPUT_RATE
+        elif isinstance(ev, Finished):
+            out["tokens"] = ev.completion_tokens
+    out["total"] = time.perf_counter() - t0
+    return out
+
+
+def chat(i: int, max_tokens: int, audio: bool = False) -> GenerationRequest:
+    msgs = [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
+    return GenerationRequest(
+        f"bench-{i}", RequestKind.CHAT, messages=msgs, max_tokens=max_tokens, output_audio=audio
+    )
+
+
+def speech(i: int) -> GenerationRequest:
+    text = "The quick brown fox jumps over the lazy dog."
+    return GenerationRequest(f"tts-{i}", RequestKind.SPEECH, text=text, voice="ethan")
+
+
+async def run_at(eng: PipelineEngine, make, n: int, concurrency: int) -> tuple[float, list]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(i: int) -> dict:
+        async with sem:
+            return await one(eng, make(i))
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(guarded(i) for i in range(n)))
+    return time.perf_counter() - t0, results
+
+
+def ms(xs: list[float]) -> str:
+    return f"p50 {1000 * statistics.median(xs):.1f} ms, max {1000 * max(xs):.1f} ms"
+
+
+async def main(args: argparse.Namespace) -> dict:
+    spec = ModelSpec.model_validate_json(json.dumps(__import__("yaml").safe_load(SPEC.read_text())))
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-"))
+    eng = PipelineEngine(spec, SPEC, cpu_node_plan(spec), cache)
+    t0 = time.perf_counter()
+    await eng.start(lambda _m: None)
+    report: dict = {"startup_s": round(time.perf_counter() - t0, 2)}
+    try:
+        for i in range(3):  # warm the paths once
+            await one(eng, chat(i, 8, audio=True))
+        ttft = [(await one(eng, chat(i, 16)))["first_text"] for i in range(args.samples)]
+        ttfa_chat = [
+            (await one(eng, chat(i, 16, audio=True)))["first_audio"] for i in range(args.samples)
+        ]
+        ttfa_tts = [(await one(eng, speech(i)))["first_audio"] for i in range(args.samples)]
+        report["c1_first_text_token_ms"] = round(1000 * statistics.median(ttft), 1)
+        report["c1_first_audio_chat_ms"] = round(1000 * statistics.median(ttfa_chat), 1)
+        report["c1_first_audio_speech_ms"] = round(1000 * statistics.median(ttfa_tts), 1)
+        print(f"first text token (chat, c=1):        {ms(ttft)}")
+        print(f"first audio chunk (chat+audio, c=1): {ms(ttfa_chat)}")
+        print(f"first audio chunk (speech, c=1):     {ms(ttfa_tts)}")
+        for label, make in (
+            ("text", lambda i: chat(i, args.max_tokens)),
+            ("text+audio", lambda i: chat(i, args.max_tokens // 2, audio=True)),
+        ):
+            row = {}
+            for c in (1, 8):
+                wall, res = await run_at(eng, make, args.requests, c)
+                tokens = sum(r["tokens"] for r in res)
+                audio = sum(r["audio_s"] for r in res)
+                row[f"c{c}"] = {
+                    "wall_s": round(wall, 3),
+                    "tokens_per_s": round(tokens / wall, 1),
+                    "audio_s_per_s": round(audio / wall, 2),
+                    "req_per_s": round(len(res) / wall, 2),
+                    "first_text_p50_ms": round(
+                        1000 * statistics.median(r["first_text"] for r in res), 1
+                    ),
+                }
+                print(
+                    f"{label:10s} c={c}: {len(res)} requests in {wall:.2f} s, "
+                    f"{tokens / wall:.0f} tok/s, {audio / wall:.1f} s audio/s, "
+                    f"first text p50 {row[f'c{c}']['first_text_p50_ms']} ms"
+                )
+            row["speedup_c8_vs_c1"] = round(row["c1"]["wall_s"] / row["c8"]["wall_s"], 2)
+            print(f"{label:10s} speed-up of c=8 over c=1: x{row['speedup_c8_vs_c1']}")
+            report[label] = row
+    finally:
+        await eng.stop()
+    return report
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--cache", help="checkpoint cache dir (default: a fresh temp dir)")
+    ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    args = ap.parse_args()
+    result = asyncio.run(main(args))
+    if args.json:
+        print(json.dumps(result))
