@@ -25,6 +25,7 @@ from worker.engine import (
     AudioChunk,
     Finished,
     GenerationRequest,
+    RequestInvalid,
     RequestKind,
     StageFailed,
     TextDelta,
@@ -157,8 +158,17 @@ async def test_speech_voices_are_deterministic_and_distinct(engine: PipelineEngi
     cloned = audio_of(await collect(engine, speech("s4", "mine", ref)))
     assert cloned == audio_of(await collect(engine, speech("s5", "mine", ref)))
     assert cloned != ethan and len(cloned) == len(ethan)
-    with pytest.raises(StageFailed, match="unknown voice"):
+    with pytest.raises(RequestInvalid, match="unknown voice"):
         await collect(engine, speech("s6", "nobody"))
+
+
+async def test_invalid_requests_are_refused_and_engine_serves_on(engine: PipelineEngine) -> None:
+    with pytest.raises(RequestInvalid, match="without audio"):
+        await collect(engine, GenerationRequest("bad-1", RequestKind.TRANSCRIPTION))
+    with pytest.raises(RequestInvalid, match="without text"):
+        await collect(engine, GenerationRequest("bad-2", RequestKind.SPEECH, text="  "))
+    assert engine.in_flight() == 0
+    assert isinstance((await collect(engine, chat("good", max_tokens=2)))[-1], Finished)
 
 
 async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:

@@ -64,6 +64,12 @@ class StageFailed(Exception):
     """A stage process died or errored while the request was in flight (HTTP 503)."""
 
 
+class RequestInvalid(StageFailed):
+    """A stage refused the request's content (unknown voice, prompt over the context length,
+    audio for a model without an audio encoder, ...): a client error (HTTP 400), not a failure.
+    A ``StageFailed`` so that handlers which only know that one still catch it."""
+
+
 @dataclass(slots=True)
 class StageLoad:
     queue_depth: int = 0  # waiting + running requests

@@ -30,6 +30,7 @@ from worker.engine import (
     Finished,
     GenerationRequest,
     ProgressCallback,
+    RequestInvalid,
     RequestKind,
     StageFailed,
     StageLoad,
@@ -391,6 +392,8 @@ class PipelineEngine:
                 self._finish(req)
         elif kind == out_kind.ERROR:
             self._fail(req, StageFailed(str(payload)))
+        elif kind == out_kind.INVALID:
+            self._fail(req, RequestInvalid(str(payload)))
 
     # ---- process lifecycle -----------------------------------------------------------------
     async def _spawn(self, rep: _Replica, group: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.stages.base import CHUNK, DONE, END, ERROR, Output, RequestMeta, StageExecutor
+from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.kvbatch import KVBatch
 
 
@@ -123,7 +123,7 @@ class AutoregressiveExecutor(StageExecutor):
                 try:
                     outs += self._prefill(r)
                 except ValueError as exc:
-                    outs.append((ERROR, r.rid, str(exc)))
+                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {exc}"))
             outs += self._decode()
         return outs
 

@@ -24,6 +24,7 @@ END = "end"  # (END, rid, info): the stream along `stream_to` edges is complete
 OUT = "out"  # (OUT, rid, ("text", str) | ("audio", int16 ndarray)): client output (terminals)
 DONE = "done"  # (DONE, rid, info): this stage has finished the request
 ERROR = "error"  # (ERROR, rid, message): the request failed in this stage
+INVALID = "invalid"  # (INVALID, rid, message): the stage refused the request's content
 
 Output = tuple[str, str, Any]
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from planner.spec import Executor
-from worker.stages.base import ERROR, FINAL, Output, RequestMeta, StageExecutor
+from worker.stages.base import FINAL, INVALID, Output, RequestMeta, StageExecutor
 
 AUDIO_PLACEHOLDER = "<|audio_start|><|audio|><|audio_end|>"
 TRANSCRIBE_PROMPT = "Transcribe the audio."
@@ -67,7 +67,7 @@ class PreprocessExecutor(StageExecutor):
         try:
             return [(FINAL, rid, self._prepare(meta, req))]
         except ValueError as exc:
-            return [(ERROR, rid, str(exc))]
+            return [(INVALID, rid, str(exc))]
 
     def _prepare(self, meta: RequestMeta, req: dict[str, Any]) -> dict[str, Any]:
         kind = req["kind"]
