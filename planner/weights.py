@@ -8,7 +8,8 @@ What is counted, per component (``ComponentSpec.module`` minus ``exclude``):
   are not counted.
 Bytes = (parameters + persistent buffers) x the stage's dtype bytes.
 
-Meta builds are cached per (config path, mtime, size), so repeated plans never rebuild.
+Meta builds are cached in memory per (config path, mtime, size), and their results on disk per
+config content (:mod:`planner.diskcache`), so repeated plans never rebuild.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.archs import MetaModel, build
+from planner.diskcache import memo
 from planner.errors import ArchitectureError, SpecError
 
 if TYPE_CHECKING:  # torch is imported only when a model is built
@@ -90,6 +92,7 @@ def clear_cache() -> None:
     _meta.cache_clear()
     _count.cache_clear()
     _kv.cache_clear()
+    _shape.cache_clear()
 
 
 def _submodule(meta: MetaModel, dotted: str, path: Path) -> nn.Module:
@@ -122,6 +125,13 @@ def _tensors(module: nn.Module) -> tuple[dict[int, int], dict[int, int]]:
 
 @functools.lru_cache(maxsize=256)
 def _count(key: tuple[str, int, int], module: str, exclude: tuple[str, ...]) -> WeightCount:
+    query = ("count", module, list(exclude))
+    return WeightCount(
+        **memo(Path(key[0]), query, lambda: asdict(_count_meta(key, module, exclude)))
+    )
+
+
+def _count_meta(key: tuple[str, int, int], module: str, exclude: tuple[str, ...]) -> WeightCount:
     path = Path(key[0])
     meta = _meta(key)
     root = _submodule(meta, module, path)
@@ -151,6 +161,10 @@ def _text_config(module: nn.Module, meta: MetaModel):
 
 @functools.lru_cache(maxsize=256)
 def _kv(key: tuple[str, int, int], module: str) -> KvLayout:
+    return KvLayout(**memo(Path(key[0]), ("kv", module), lambda: asdict(_kv_meta(key, module))))
+
+
+def _kv_meta(key: tuple[str, int, int], module: str) -> KvLayout:
     path = Path(key[0])
     meta = _meta(key)
     cfg = _text_config(_submodule(meta, module, path), meta)
@@ -183,7 +197,18 @@ class DecoderShape:
 
 
 def decoder_shape(path: Path, module: str = "") -> DecoderShape:
-    meta = meta_model(path)
+    return _shape(_key(path), module)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(key: tuple[str, int, int], module: str) -> DecoderShape:
+    query = ("shape", module)
+    return DecoderShape(**memo(Path(key[0]), query, lambda: asdict(_shape_meta(key, module))))
+
+
+def _shape_meta(key: tuple[str, int, int], module: str) -> DecoderShape:
+    path = Path(key[0])
+    meta = _meta(key)
     cfg = _text_config(_submodule(meta, module, path), meta)
     return DecoderShape(
         hidden_size=getattr(cfg, "hidden_size", 0) or 0,

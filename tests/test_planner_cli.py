@@ -3,36 +3,42 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "configs" / "models"
 
 
-def omni_plan(*args: str) -> subprocess.CompletedProcess[str]:
+SPEECH = str(MODELS / "qwen3-omni-30b-a3b-speech.yaml")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One disk cache for this module: the first run builds on the meta device, later runs
+    read what it counted (and never import torch)."""
+    return tmp_path_factory.mktemp("omni-plan-cache")
+
+
+def omni_plan(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("omni-plan")
     cmd = [exe] if exe else [sys.executable, "-m", "planner.cli"]
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV")}
+    env = keep | {"COLUMNS": "200", "OMNI_PLAN_CACHE": str(cache), "HOME": str(cache)}
     return subprocess.run(
-        [*cmd, *args], capture_output=True, text=True, timeout=240, cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(ROOT)} | _keep(),
-    )  # fmt: skip
-
-
-def _keep() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV")}
-
-
-def test_table_and_svg(tmp_path: Path) -> None:
-    svg = tmp_path / "gpus.svg"
-    out = omni_plan(
-        str(MODELS / "qwen3-omni-30b-a3b-speech.yaml"), "--gpus", "2xH100-80GB", "--svg", str(svg)
+        [*cmd, *args], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env
     )
+
+
+def test_table_and_svg(cache: Path, tmp_path: Path) -> None:
+    svg = tmp_path / "gpus.svg"
+    out = omni_plan(cache, SPEECH, "--gpus", "2xH100-80GB", "--svg", str(svg))
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "qwen3-omni-30b-a3b-speech (2xH100-80GB): fits, 1 replica(s)" in text
@@ -46,37 +52,44 @@ def test_table_and_svg(tmp_path: Path) -> None:
     assert any(t.startswith("0/talker kv_cache:") for t in titles)
 
 
-def test_json_is_the_launch_plan() -> None:
-    out = omni_plan(str(MODELS / "qwen3-tts-12hz-0.6b.yaml"), "--gpus", "1xL4-24GB", "--json",
-                    "--tts_engine.engine.max_running_requests", "8")  # fmt: skip
+def test_json_is_the_launch_plan(cache: Path) -> None:
+    out = omni_plan(cache, SPEECH, "--gpus", "2xH100-80GB", "--json",
+                    "--thinker.engine.max_running_requests", "8")  # fmt: skip
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["version"] == 1 and plan["fits"] is True and plan["spec"] == "qwen3-tts-12hz-0.6b"
+    assert plan["version"] == 1 and plan["fits"] is True
+    assert plan["spec"] == "qwen3-omni-30b-a3b-speech"
     (node,) = plan["nodes"]
-    engine = node["processes"][0]["stages"][1]
-    assert engine["stage"] == "tts_engine" and engine["params"] == 905_788_672
-    assert engine["kv_tokens"] == 8 * 2048
-    assert node["processes"][0]["env"] == {"CUDA_VISIBLE_DEVICES": "0"}
+    procs = {p["name"]: p for p in node["processes"]}
+    thinker = procs["0/thinker"]["stages"][0]
+    assert thinker["params"] == 31_719_205_488 - 647_927_168 - 538_631_408
+    assert thinker["kv_tokens"] == 8 * 4096 and thinker["kv_bytes_per_token"] == 98_304
+    assert procs["0/talker"]["env"] == {"CUDA_VISIBLE_DEVICES": "1"}
 
 
-def test_does_not_fit_exits_1_with_the_overflow_and_fixes() -> None:
-    out = omni_plan(str(MODELS / "qwen3-8b.yaml"), "--gpus", "1xL4-24GB")
+def test_does_not_fit_exits_1_with_the_overflow_and_fixes(cache: Path) -> None:
+    out = omni_plan(cache, SPEECH, "--gpus", "4xL40S-48GB")
     assert out.returncode == 1
     assert "does not fit" in out.stdout
-    assert "error: node node0 GPU 0 (L4-24GB)" in out.stdout and "overflow" in out.stdout
-    assert "fix: more TP: --llm.tp_size 2" in out.stdout
+    assert "error: node node0 GPU 0 (L40S-48GB)" in out.stdout and "overflow" in out.stdout
+    assert "fix: more TP: --thinker.tp_size 2 --thinker.gpus [0,2]" in out.stdout
+    fixed = omni_plan(cache, SPEECH, "--gpus", "4xL40S-48GB", "--thinker.tp_size", "2",
+                      "--thinker.gpus", "[0,2]")  # fmt: skip
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
-def test_bad_override_exits_2_with_the_suggestion() -> None:
-    out = omni_plan(str(MODELS / "qwen3-8b.yaml"), "--gpus", "1xH100-80GB", "--lm.tp_size", "2")
+def test_bad_override_exits_2_with_the_suggestion(cache: Path) -> None:
+    out = omni_plan(
+        cache, str(MODELS / "qwen3-8b.yaml"), "--gpus", "1xH100-80GB", "--lm.tp_size", "2"
+    )
     assert out.returncode == 2
     assert "unknown stage 'lm'" in out.stderr and "did you mean 'llm'?" in out.stderr
 
 
-def test_explain(tmp_path: Path) -> None:
+def test_explain(cache: Path, tmp_path: Path) -> None:
     ov = tmp_path / "ov.yaml"
     ov.write_text("stages:\n  llm:\n    engine: {context_length: 4096}\n")
-    out = omni_plan("explain", str(MODELS / "qwen3-8b.yaml"), "llm.engine.context_length",
+    out = omni_plan(cache, "explain", str(MODELS / "qwen3-8b.yaml"), "llm.engine.context_length",
                     "--override-file", str(ov))  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [

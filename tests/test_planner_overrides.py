@@ -14,6 +14,12 @@ MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 SPEECH = MODELS / "qwen3-omni-30b-a3b-speech.yaml"
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts in these tests come from real meta builds, never from planner.diskcache."""
+    monkeypatch.setenv("OMNI_PLAN_CACHE", "off")
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.api import plan_spec
 from planner.errors import InventoryError
@@ -18,6 +20,12 @@ SPEECH = MODELS / "qwen3-omni-30b-a3b-speech.yaml"
 COLOCATED = MODELS / "qwen3-omni-30b-a3b-speech-colocated.yaml"
 TTS_17 = MODELS / "qwen3-tts-12hz-1.7b.yaml"
 H100 = 85_520_809_984
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts in these tests come from real meta builds, never from planner.diskcache."""
+    monkeypatch.setenv("OMNI_PLAN_CACHE", "off")
 
 
 def procs(plan: LaunchPlan, node: int = 0) -> dict[str, object]:
@@ -273,3 +281,52 @@ def test_estimates_are_tunable_per_stage_and_per_catalog(tmp_path: Path) -> None
     (gpu,) = plan.nodes[0].gpus
     assert (gpu.name, gpu.capacity_bytes, gpu.reserved_bytes) == ("Big-1TB", 2**40, 0)
     assert procs(plan)["0/llm"].memory_per_gpu.runtime == 2**30
+
+
+def test_following_the_tp_fix_of_a_pinned_layout_makes_it_fit() -> None:
+    plan = plan_spec(SPEECH, "4xL40S-48GB").plan
+    assert not plan.fits
+    fix = next(f for f in plan.errors[0].fixes if f.startswith("more TP:"))
+    overrides = fix.removeprefix("more TP:").split("(")[0].split()
+    assert overrides == ["--thinker.tp_size", "2", "--thinker.gpus", "[0,2]"]
+    fixed = plan_spec(SPEECH, "4xL40S-48GB", overrides).plan
+    assert fixed.fits
+    assert procs(fixed)["0/thinker"].env["CUDA_VISIBLE_DEVICES"] == "0,2"
+
+
+# spec -> its autoregressive stage
+_SPECS = {
+    "qwen3-8b.yaml": "llm",
+    "qwen3-tts-12hz-0.6b.yaml": "tts_engine",
+    "qwen3-asr-0.6b.yaml": "asr",
+    "qwen3-omni-30b-a3b-text.yaml": "thinker",
+}
+_GPUS = ["H100-80GB", "L4-24GB", "L40S-48GB", "A100-40GB", "H200-141GB"]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=st.sampled_from(sorted(_SPECS)),
+    gpus=st.lists(st.sampled_from(_GPUS), min_size=1, max_size=4),
+    tp=st.sampled_from([1, 2]),
+    running=st.integers(min_value=1, max_value=64),
+)
+def test_placement_invariants(spec: str, gpus: list[str], tp: int, running: int) -> None:
+    stage = _SPECS[spec]
+    overrides = [f"--{stage}.engine.max_running_requests", str(running)]
+    if spec == "qwen3-8b.yaml":
+        overrides += ["--llm.tp_size", str(tp)]
+    text = ",".join(f"1x{g}" for g in gpus)
+    plan = plan_spec(MODELS / spec, text, overrides).plan
+    assert plan == plan_spec(MODELS / spec, text, overrides).plan  # deterministic
+    node = plan.nodes[0]
+    assert plan.fits == (len(node.replicas) > 0)
+    for g in node.gpus:
+        assert g.planned.total == sum(b.total for b in g.by_stage.values())
+        assert g.planned.total <= g.capacity_bytes - g.reserved_bytes
+    for p in node.processes:
+        if p.device == "gpu":
+            assert len(p.gpus) == len(set(p.gpus)) == p.tp_size
+            assert p.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, p.gpus))
+    if not plan.fits:
+        assert plan.errors and all(e.message for e in plan.errors)

@@ -18,6 +18,12 @@ HF = Path(__file__).resolve().parent.parent / "configs" / "hf"
 OMNI = "Qwen--Qwen3-Omni-30B-A3B-Instruct"
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts in these tests come from real meta builds, never from planner.diskcache."""
+    monkeypatch.setenv("OMNI_PLAN_CACHE", "off")
+
+
 def cfg(model: str, sub: str = "") -> Path:
     return HF / model / sub / "config.json" if sub else HF / model / "config.json"
 
@@ -177,3 +183,30 @@ def test_unknown_architecture_is_an_error_never_a_default(tmp_path: Path) -> Non
 def test_unknown_module_lists_the_real_children() -> None:
     with pytest.raises(SpecError, match=r"unknown module 'talkr'.*did you mean 'talker'"):
         count_weights(cfg(OMNI), "talkr")
+
+
+def test_disk_cache_remembers_by_content_and_ignores_corrupt_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from planner import diskcache
+
+    monkeypatch.setenv("OMNI_PLAN_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "qwen3"}')
+    calls: list[int] = []
+
+    def compute() -> dict:
+        calls.append(1)
+        return {"params": len(calls)}
+
+    assert diskcache.memo(config, ("count", ""), compute) == {"params": 1}
+    assert diskcache.memo(config, ("count", ""), compute) == {"params": 1}  # a hit
+    assert diskcache.memo(config, ("count", "talker"), compute) == {"params": 2}  # other query
+    config.write_text('{"model_type": "qwen3", "x": 1}')
+    assert diskcache.memo(config, ("count", ""), compute) == {"params": 3}  # content changed
+    for entry in (tmp_path / "cache").rglob("*.json"):
+        entry.write_text("{not json")
+    assert diskcache.memo(config, ("count", ""), compute) == {"params": 4}  # corrupt: recomputed
+    monkeypatch.setenv("OMNI_PLAN_CACHE", "off")
+    assert diskcache.memo(config, ("count", ""), compute) == {"params": 5}
+    assert len(calls) == 5
