@@ -409,6 +409,7 @@ class PipelineEngine:
             threads=self._threads,
             shm_prefix=self.shm_prefix,
             max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
+            kv_tokens={sp.stage: sp.kv_tokens for sp in pp.stages},
         )
         loop = self._loop
         assert loop is not None

@@ -31,6 +31,7 @@ class HostConfig:
     threads: int = 1
     shm_prefix: str = "omni"
     max_running: dict[str, int] = field(default_factory=dict)
+    kv_tokens: dict[str, int] = field(default_factory=dict)  # 0 / absent: no limit
 
 
 class _Busy:
@@ -90,6 +91,7 @@ def _load(cfg: HostConfig, outbox: Any) -> dict[str, Any]:
             checkpoint=Path(cfg.checkpoint),
             device=cfg.device,
             max_running_requests=cfg.max_running.get(name) or stage.engine.max_running_requests,
+            kv_tokens=cfg.kv_tokens.get(name, 0),
         )
         outbox.send([(m.PROGRESS, f"{cfg.process}: loading {name}")])
         ex = make_executor(ctx)
@@ -107,7 +109,10 @@ def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
 
     busy = {name: _Busy() for name in executors}
     last_load = 0.0
+    parent = os.getppid()
     while True:
+        if os.getppid() != parent:  # the coordinator died (SIGKILL): do not linger as an orphan
+            return
         now = time.monotonic()
         deadlines = [d for d in (ex.next_deadline() for ex in executors.values()) if d is not None]
         timeout = IDLE_WAIT if not deadlines else max(0.0, min(deadlines) - now)

@@ -105,8 +105,22 @@ class AutoregressiveExecutor(StageExecutor):
         if self.running.pop(rid, None) is not None:
             self.batch.leave({rid})
 
+    def _can_admit(self, r: ARRequest, budget: int) -> bool:
+        """Room for one more running request: max running requests, the step's prefill token
+        budget (so long prompts do not stall running decodes), and the plan's KV capacity
+        (the left-padded batch holds rows x longest row)."""
+        if len(self.running) >= self.ctx.max_running_requests:
+            return False
+        if not self.running:
+            return True
+        if len(r.prompt) > budget and budget < self._prefill_budget():
+            return False  # one prefill per step may exceed the budget, so none starves
+        kv = self.ctx.kv_tokens
+        width = max(self.batch.mask.shape[1] if self.batch.mask is not None else 0, len(r.prompt))
+        return not kv or (len(self.batch) + 1) * width <= kv
+
     def next_deadline(self) -> float | None:
-        if self.pending and len(self.running) < self.ctx.max_running_requests:
+        if self.pending and self._can_admit(self.pending[0], self._prefill_budget()):
             return 0.0
         if any(self.program.ready(r) or self.program.finished(r) for r in self.running.values()):
             return 0.0
@@ -117,9 +131,11 @@ class AutoregressiveExecutor(StageExecutor):
 
     def step(self) -> list[Output]:
         outs: list[Output] = []
+        budget = self._prefill_budget()
         with self.torch.inference_mode():
-            while self.pending and len(self.running) < self.ctx.max_running_requests:
+            while self.pending and self._can_admit(self.pending[0], budget):
                 r = self.pending.pop(0)
+                budget -= max(len(r.prompt), 1)
                 try:
                     outs += self._prefill(r)
                 except ValueError as exc:
@@ -128,6 +144,9 @@ class AutoregressiveExecutor(StageExecutor):
         return outs
 
     # ---- internals -------------------------------------------------------------------------
+    def _prefill_budget(self) -> int:
+        return int(getattr(self.engine, "prefill_chunk_tokens", 2048))
+
     def _find(self, rid: str) -> ARRequest | None:
         r = self.running.get(rid)
         if r is None:
