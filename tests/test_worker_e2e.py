@@ -43,6 +43,11 @@ COMMON = (
     "0.25",
     "--max-audio-seconds",
     "20",
+    # A spec override through the CLI, and a workaround: the vocoder's numerics depend on how
+    # many windows share a batch (timing under load), which flips a few audio LSBs between
+    # runs; one window per call keeps the exact-bytes checks below deterministic.
+    "--code2wav.batching.max_batch_size",
+    "1",
 )
 
 
@@ -231,7 +236,7 @@ def test_speech_whole_and_streamed(workers, sdk_a: openai.OpenAI) -> None:
         input="Hello from the fleet.",
         voice=voice,
         response_format="pcm",
-        extra_body={"stream_format": "audio"},
+        stream_format="audio",
     ) as response:
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = list(response.iter_bytes(chunk_size=None))
@@ -302,7 +307,6 @@ def test_abort_on_disconnect(workers) -> None:
                 assert response.status_code == 200
                 async for _ in response.aiter_bytes():
                     break  # first audio chunk, then hang up
-            assert load_of(a)["in_flight"] == 1 or True  # may already be released
 
     asyncio.run(cut_after_first_chunk())
 
@@ -369,7 +373,7 @@ def test_stage_process_killed_and_recovered(workers, sdk_a: openai.OpenAI, event
                 os.kill(victim, signal.SIGKILL)  # mid-stream: the talker group dies
                 victim = 0
     assert victim == 0, "the stream ended before any audio arrived"
-    assert "stage" in str(err.value.message)
+    assert err.value.code == "stage_failed", err.value.body
     wait_for(
         lambda: (
             [e["kind"] for e in events if e["worker_id"] == "A"][-1:] == ["ready"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import socket
 import threading
 import time
@@ -389,3 +390,21 @@ def test_draining_refuses_new_requests(worker: Running, http: httpx.Client) -> N
     finally:
         worker.service.set_status(WorkerStatus.READY)
     assert http.get("/ready").status_code == 200
+
+
+def test_speech_sse_events(http: httpx.Client) -> None:
+    body = {"model": "fake-omni", "input": "a b", "voice": "alloy", "stream_format": "sse"}
+    with http.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+    assert len(base64.b64decode(events[0]["audio"])) == 2400 * 2
+
+
+def test_stage_failure_mid_stream_is_an_sse_error(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model="fake-omni", messages=[{"role": "user", "content": "FAIL now"}], stream=True
+    )
+    with pytest.raises(openai.APIError) as err:
+        list(stream)
+    assert err.value.code == "stage_failed"

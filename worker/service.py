@@ -105,7 +105,6 @@ class WorkerService:
         self.ttft = _Latencies()
         self.ttfa = _Latencies()
         self._sessions: dict[str, float] = {}
-        self._idle_waiters: list = []
         self.created = int(time.time())
 
     # -- admission ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import orjson
@@ -121,12 +121,9 @@ class TrackedStream(StreamingResponse):
         *,
         media_type: str,
         headers: dict[str, str] | None = None,
-        on_abort: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers)
         self.ticket = ticket
-        self.on_abort = on_abort
-        self.completed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
