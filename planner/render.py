@@ -151,6 +151,12 @@ def _color(index: int, category: str) -> str:
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
+def _grey(category: str) -> str:
+    """The lightness a category gets in every stage's hue, shown without hue in the legend."""
+    v = int(_SHADE[category] * 255)
+    return f"#{v:02x}{v:02x}{v:02x}"
+
+
 def plan_svg(plan: LaunchPlan, max_nodes: int = 8) -> str:
     """Each GPU as a bar: planned bytes stacked by stage and category, then reserved, headroom."""
     layouts = distinct_layouts(plan)[:max_nodes]
@@ -163,7 +169,7 @@ def plan_svg(plan: LaunchPlan, max_nodes: int = 8) -> str:
                     stages.append(stage)
     bar_w, gap, top, bar_h, left = 46, 18, 60, 420, 70
     columns = sum(max(len(n.gpus), 1) for n, _ in layouts)
-    width = left + columns * (bar_w + gap) + len(layouts) * 30 + 260
+    width = max(left + columns * (bar_w + gap) + len(layouts) * 30 + 260, 700)
     height = top + bar_h + 90
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -228,10 +234,11 @@ def plan_svg(plan: LaunchPlan, max_nodes: int = 8) -> str:
                    f'fill="{_color(i, "weights")}"/>')  # fmt: skip
         out.append(f'<text x="{lx + 18}" y="{ly + i * 18 + 10}">{html.escape(stage)}</text>')
     ly += len(stages) * 18 + 12
-    for j, cat in enumerate(CATEGORIES):
-        out.append(f'<rect x="{lx}" y="{ly + j * 18}" width="12" height="12" '
-                   f'fill="{_color(0, cat)}"/>')  # fmt: skip
-        out.append(f'<text x="{lx + 18}" y="{ly + j * 18 + 10}">{cat}</text>')
+    swatches = [(cat, _grey(cat)) for cat in CATEGORIES] + [("reserved", "#bbb"), ("free", "white")]
+    for j, (name, fill) in enumerate(swatches):
+        out.append(f'<rect x="{lx}" y="{ly + j * 18}" width="12" height="12" fill="{fill}" '
+                   'stroke="#333" stroke-width="0.5"/>')  # fmt: skip
+        out.append(f'<text x="{lx + 18}" y="{ly + j * 18 + 10}">{name}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
