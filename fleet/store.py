@@ -70,6 +70,11 @@ def connect(url: str, *, timeout_s: float = 2.0) -> RedisClient:
     return aioredis.from_url(url, **kwargs)
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 @dataclass(slots=True)
 class WorkerView:
     """A worker as a router sees it in one snapshot."""
@@ -195,6 +200,23 @@ class FleetStore:
 
     async def affinity_moves(self) -> int:
         return int(await self.redis.get(self.keys.affinity_moves) or 0)
+
+    async def session_bindings(self, limit: int = 10_000) -> tuple[dict[str, int], int]:
+        """Live session bindings per worker, for dashboards: (worker id -> sessions, bindings
+        counted). SCAN walks the whole keyspace, so call it seldom; it stops at ``limit``."""
+        pattern = _glob_escape(self.keys.affinity("")) + "*"
+        keys: list[bytes] = []
+        async for key in self.redis.scan_iter(match=pattern, count=1000):
+            keys.append(key)
+            if len(keys) >= limit:
+                break
+        per_worker: dict[str, int] = {}
+        for i in range(0, len(keys), 500):
+            for worker in await self.redis.mget(keys[i : i + 500]):
+                if worker is not None:  # expired between SCAN and MGET
+                    wid = worker.decode()
+                    per_worker[wid] = per_worker.get(wid, 0) + 1
+        return per_worker, len(keys)
 
     # -- voices ------------------------------------------------------------------------------
 

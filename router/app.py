@@ -22,6 +22,7 @@ from fleet.settings import redacted_url
 from router.admission import Admission
 from router.affinity import Affinity
 from router.classify import Classified, check_session_key, classify_json, route_of
+from router.dashboard import Dashboard
 from router.discovery import Discovery
 from router.http.client import http_get
 from router.http.proxy import BODY, WAITING, Upstream
@@ -78,6 +79,7 @@ class Router:
             b"x-omni-worker-token: " + token.get_secret_value().encode() + b"\r\n" if token else b""
         )
         self.prober = Prober(settings, self.view, self.metrics, self.worker_token_line)
+        self.dashboard = Dashboard(self)
         self.discovery = (
             Discovery(settings, self.view, self.metrics) if settings.redis_url else None
         )
@@ -539,6 +541,8 @@ class Router:
                 client.respond(json_response(self.diagnostics(), 200, client.keep_alive), 200)
             else:
                 self._spawn(self._models(client))
+        elif path == b"/dashboard" or path.startswith(b"/dashboard/"):
+            self.dashboard.handle(client, req, path)
         else:
             self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
 

@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
     )
+    if settings.local_workers:
+        from router.local_fleet import run as run_local_fleet
+
+        return run_local_fleet(settings)
     if settings.processes > 1 and not os.environ.get(_CHILD_ENV):
         return supervise(settings, argv)
     serve(settings)

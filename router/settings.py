@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -72,6 +73,18 @@ class RouterSettings(OmniSettings):
         None, description="sent to workers as x-omni-worker-token"
     )
 
+    # a whole fleet on this machine (router/local_fleet.py)
+    local_workers: int = Field(
+        0, ge=0, le=64, description="start Redis and N omni-worker processes here, then route"
+    )
+    local_spec: str = Field(
+        "configs/models/tiny-omni.yaml", description="model spec of the --local-workers"
+    )
+    local_redis: Literal["auto", "system", "embedded"] = Field(
+        "auto", description="local Redis: redis-server on PATH, or the embedded fallback"
+    )
+    local_ready_timeout_s: float = Field(900.0, gt=0, description="wait for local workers")
+
     shutdown_grace_s: float = Field(10.0, ge=0, description="wait for in-flight work on SIGTERM")
     pool_max_idle: int = Field(512, ge=0, description="idle keep-alive connections per worker")
 
@@ -95,6 +108,8 @@ class RouterSettings(OmniSettings):
 
     @model_validator(mode="after")
     def _needs_workers(self) -> RouterSettings:
-        if not self.worker and self.redis_url is None:
-            raise ValueError("give --redis-url (discovery) or at least one --worker URL")
+        if not self.worker and self.redis_url is None and not self.local_workers:
+            raise ValueError(
+                "give --redis-url (discovery), at least one --worker URL, or --local-workers N"
+            )
         return self
