@@ -270,3 +270,33 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(
         ref = [t for t in ref if t not in (258, 256)]  # eos / padding after it
         assert tokens[rid] == ref
         assert texts[rid] == tok.decode(ref, skip_special_tokens=True)
+
+
+def test_aggregate_merges_inputs_and_sglang_is_a_seam() -> None:
+    from worker.stages.base import FINAL, RequestMeta, StageContext
+    from worker.stages.registry import make_executor
+
+    spec = ModelSpec.model_validate(
+        {
+            "name": "agg",
+            "model_dir": ".",
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "merge",
+            "stages": {
+                "merge": {"executor": "aggregate", "device": "cpu", "next": ["llm"]},
+                "llm": {
+                    "executor": "autoregressive",
+                    "stream_to": ["out"],
+                    "engine": {"backend": "sglang"},
+                },
+                "out": {"executor": "decode", "terminal": True},
+            },
+        }
+    )
+    agg = make_executor(StageContext("merge", spec, spec.stages["merge"], Path("."), "cpu", 1))
+    agg.load()
+    agg.start("r", RequestMeta("chat", frozenset({"text"})), {"b": {"x": 2}, "a": {"x": 1, "y": 1}})
+    assert agg.next_deadline() is not None and agg.queue_depth() == 1
+    assert agg.step() == [(FINAL, "r", {"x": 2, "y": 1})]  # sources merge in name order
+    with pytest.raises(NotImplementedError, match="sglang"):
+        make_executor(StageContext("llm", spec, spec.stages["llm"], Path("."), "cuda:0", 1))
