@@ -117,7 +117,8 @@ def classify_json(
             if isinstance(content, list):
                 for part in content:
                     kind = part.get("type") if isinstance(part, dict) else None
-                    modality = _INPUT_PART_MODALITY.get(kind)  # type: ignore[arg-type]
+                    # any JSON value may stand here; only a string names a modality
+                    modality = _INPUT_PART_MODALITY.get(kind) if isinstance(kind, str) else None
                     if modality is not None:
                         inputs = (inputs or {Modality.TEXT}) | {modality}
         if inputs is not None:

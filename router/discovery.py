@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
@@ -27,6 +29,38 @@ from router.view import FleetView
 
 log = logging.getLogger("omni.router.discovery")
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError, ValidationError)
+# Cloud instance-metadata endpoints: a record pointing there would turn the router into a proxy
+# for credentials. Link-local addresses (169.254.0.0/16, fe80::/10) are refused as a whole.
+_METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
+_METADATA_IPS = (ipaddress.ip_network("fd00:ec2::254/128"),)
+
+
+def url_refusal(url: str) -> str | None:
+    """Why requests must not be forwarded to a worker record's URL (None: it is admitted)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        return f"malformed URL: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme!r} is not http or https"
+    host = (parts.hostname or "").rstrip(".").lower()
+    if not host:
+        return "no host"
+    if host in _METADATA_HOSTS:
+        return "a cloud metadata address"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: resolved when connecting
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    if ip.is_link_local or any(ip in net for net in _METADATA_IPS):
+        return "a link-local or metadata address"
+    if ip.is_multicast or ip.is_unspecified:
+        return "not a unicast address"
+    return None
 
 
 class Discovery:
@@ -48,6 +82,18 @@ class Discovery:
         self.last_sync = 0.0  # monotonic time of the last successful resync
         self.last_error = ""
         self.synced = asyncio.Event()
+        self._refused: dict[str, str] = {}  # worker id -> refused URL (logged once)
+
+    def _admissible(self, record: WorkerRecord) -> bool:
+        reason = url_refusal(record.url)
+        if reason is None:
+            self._refused.pop(record.id, None)
+            return True
+        if self._refused.get(record.id) != record.url:
+            self._refused[record.id] = record.url
+            log.warning("refusing worker %s: URL %r is %s", record.id, record.url, reason)
+        self.view.remove(record.id)
+        return False
 
     async def run(self) -> None:
         await asyncio.gather(self._resync_loop(), self._listen_loop())
@@ -71,6 +117,8 @@ class Discovery:
         views = await self.store.snapshot()
         seen = set()
         for worker_id, wv in views.items():
+            if not self._admissible(wv.record):
+                continue
             seen.add(worker_id)
             current = self.view.workers.get(worker_id)
             if current is None or current.record != wv.record:
@@ -130,6 +178,8 @@ class Discovery:
             self.view.remove(event.worker_id)
             return
         record = WorkerRecord.model_validate_json(raw)
+        if not self._admissible(record):
+            return
         log.info("worker %s: %s (status %s)", record.id, event.kind.value, record.status.value)
         self.view.upsert(record)
 

@@ -340,3 +340,26 @@ def test_a_slow_client_slows_the_worker_instead_of_filling_router_memory() -> No
     finally:
         router.stop()
         big.stop()
+
+
+def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
+    bad, good = FakeWorker("bad"), FakeWorker("good")
+    router = Router("--worker", bad.url, "--worker", good.url, "--policy", "round_robin",
+                    "--breaker-failures", "3", "--breaker-open-s", "1", "--probe-interval-s",
+                    "0.2", name="router-breaker")  # fmt: skip
+    bad_id = f"127.0.0.1:{bad.port}"
+    try:
+        bad.control("fail", {"status": 500})  # /health stays fine: only real requests fail
+        statuses = [chat(router.url).status_code for _ in range(12)]
+        assert statuses.count(500) == 3  # passed through, then the circuit opened
+        workers = {w["id"]: w for w in router.diagnostics()["workers"]}
+        assert workers[bad_id]["health"]["breaker"] == "open"
+        assert "omni_router_workers_circuit_open 1.0" in router.metrics()
+        bad.control("fail", {"status": 0})
+        # after breaker-open-s, a passing probe closes it and the worker gets traffic again
+        wait_for(lambda: any(chat(router.url).headers["x-omni-worker-id"] == bad_id
+                             for _ in range(4)), 10)  # fmt: skip
+    finally:
+        router.stop()
+        bad.stop()
+        good.stop()

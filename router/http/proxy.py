@@ -33,6 +33,7 @@ class Downstream(Protocol):
     http11: bool
     head_only: bool
     extra_headers: bytes  # ready-made lines: request id, worker id
+    uploading: bool  # the request body is still streaming to the worker
 
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
@@ -48,13 +49,13 @@ class Upstream(asyncio.Protocol):
         "head",
         "headers",
         "last_activity",
+        "last_piece",
         "parser",
         "paused",
         "pool",
         "sent_at",
         "sock",
         "sse",
-        "sse_tail",
         "state",
         "status",
         "transport",
@@ -75,7 +76,7 @@ class Upstream(asyncio.Protocol):
         self.chunked_out = False
         self.until_close = False
         self.sse = False
-        self.sse_tail = b"\n\n"
+        self.last_piece = b"\n\n"
         self.closed = False
         self.sent_at = 0.0
         self.last_activity = 0.0
@@ -94,6 +95,11 @@ class Upstream(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.fail_reason = f"bad response from worker: {exc}"
             self.transport.close()  # type: ignore[union-attr]
+            return
+        if self.head is not None and self.client is not None:
+            # the head came without body bytes: send it now, a stream may wait for its first event
+            self.client.transport.write(self.head)
+            self.head = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -116,7 +122,7 @@ class Upstream(asyncio.Protocol):
         reason = self.fail_reason or "worker connection lost mid-response"
         if self.sse and self.chunked_out:
             # end the stream with a final error event the client can read
-            sep = b"" if self.sse_tail.endswith(b"\n\n") else b"\n\n"
+            sep = b"" if self.last_piece.endswith(b"\n\n") else b"\n\n"
             tail = chunk(sep + sse_error_event(reason)) + b"0\r\n\r\n"
             if self.head is not None:
                 tail = self.head + tail
@@ -209,6 +215,7 @@ class Upstream(asyncio.Protocol):
         self.until_close = False
         self.chunked_out = False
         self.sse = sse
+        self.last_piece = b"\n\n"
         if length is not None and not chunked_in:
             parts += (b"content-length: ", length, b"\r\n")
         elif not no_body:
@@ -226,10 +233,7 @@ class Upstream(asyncio.Protocol):
         head = b"".join(parts)
         self.state = BODY
         self.last_activity = time.monotonic()
-        if self.chunked_out or sse:
-            client.transport.write(head)  # streams: headers go out at once
-        else:
-            self.head = head  # coalesced with the body: one write for small responses
+        self.head = head  # written with the first body bytes, or at the end of this read
 
     def on_body(self, body: bytes) -> None:
         client = self.client
@@ -238,8 +242,7 @@ class Upstream(asyncio.Protocol):
         self.last_activity = time.monotonic()
         if self.chunked_out:
             data = b"%x\r\n%b\r\n" % (len(body), body)
-            if self.sse:
-                self.sse_tail = body[-2:]
+            self.last_piece = body  # only its end is looked at, and only if the stream breaks
         else:
             data = body
         if self.head is not None:
@@ -251,7 +254,9 @@ class Upstream(asyncio.Protocol):
         client = self.client
         if client is None:
             return
-        keep = self.parser.should_keep_alive()
+        # a worker that answered before the client's upload ended has not read the rest of
+        # it: the remainder would be parsed as the next request on a pooled connection
+        keep = self.parser.should_keep_alive() and not client.uploading
         self.client = None
         self._finish(client)
         if keep and not self.closed:

@@ -48,6 +48,7 @@ class State:
         self.headers_seen: dict[str, list[str]] = {"x-omni-worker-token": [], "authorization": []}
         self.healthy = True
         self.break_after: int | None = None
+        self.fail_status = 0  # answer every generation request with this status
         self.load_override: dict | None = None
         self.status = WorkerStatus.STARTING
         self.store: FleetStore | None = None
@@ -180,6 +181,9 @@ class Conn(asyncio.Protocol):
         except orjson.JSONDecodeError:
             w(response(400, b'{"error":{"code":"invalid_json"}}'))
             return
+        if s.fail_status:
+            w(response(s.fail_status, b'{"error":{"code":"internal_error"}}'))
+            return
         if req.get("model") not in a.model:
             w(response(404, b'{"error":{"code":"model_not_found"}}'))
             return
@@ -253,6 +257,8 @@ class Conn(asyncio.Protocol):
             return response(200, orjson.dumps(s.stats()))
         if what == "health":
             s.healthy = orjson.loads(body)["healthy"]
+        elif what == "fail":
+            s.fail_status = orjson.loads(body)["status"]
         elif what == "break":
             s.break_after = orjson.loads(body)["after"]
         elif what == "load":

@@ -95,13 +95,18 @@ class FakeWorker(Proc):
 
 class Router(Proc):
     def __init__(
-        self, *args: str, port: int | None = None, name: str = "router", wait: bool = True
+        self,
+        *args: str,
+        port: int | None = None,
+        name: str = "router",
+        wait: bool = True,
+        env: dict | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "router.cli", "--port", str(self.port), "--log-level",
                 "info", *args]  # fmt: skip
-        super().__init__(argv, name)
+        super().__init__(argv, name, env)
         if wait:
             wait_for(lambda: httpx.get(self.url + "/live", timeout=1).status_code == 200, 20)
 
