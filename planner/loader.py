@@ -124,6 +124,13 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
                 f"{where}.engine: max_new_tokens {stage.engine.max_new_tokens} exceeds "
                 f"context_length {stage.engine.context_length}"
             )
+    gpu_stages = {n: s for n, s in spec.stages.items() if s.device.value == "gpu"}
+    unpinned = [n for n, s in gpu_stages.items() if s.gpus is None]
+    if unpinned and len(unpinned) < len(gpu_stages):
+        raise SpecError(
+            f"{path}: some GPU stages pin gpus and {', '.join(unpinned)} do not; pin every GPU "
+            "stage (a fixed layout) or none (automatic placement)"
+        )
     for group, names in spec.process_groups().items():
         gpu = [spec.stages[n] for n in names if spec.stages[n].device.value == "gpu"]
         if len({s.tp_size for s in gpu}) > 1:

@@ -105,11 +105,8 @@ class Placer:
         self.gpu_units = [u for u in units if u.device == Device.GPU]
         self.catalog = catalog
         self._costs: dict[tuple[str, str, int], UnitCost] = {}
-        pinned = [u for u in self.gpu_units if u.pins is not None]
-        self.pinned = bool(pinned)
-        self.unpinned_with_pins = (
-            [u.group for u in self.gpu_units if u.pins is None] if pinned else []
-        )
+        # The loader guarantees that either every GPU stage is pinned or none is.
+        self.pinned = any(u.pins is not None for u in self.gpu_units)
 
     def cost(self, unit: Unit, gpu: GpuType) -> UnitCost:
         key = (unit.group, gpu.name, gpu.memory_bytes)
@@ -152,7 +149,10 @@ class Placer:
             layout.replicas.append({u.group: () for u in self.units})
             return layout
         if not node.gpus:
-            stages = [f.name for u in self.gpu_units for f in u.gpu_stages]
+            facts = [f for u in self.gpu_units for f in u.gpu_stages]
+            stages = [f.name for f in facts]
+            to_cpu = [f"--{f.name}.device cpu" for f in facts]
+            to_cpu += [f"--{f.name}.gpus null" for f in facts if f.stage.gpus is not None]
             layout.errors.append(
                 Issue(
                     None,
@@ -160,18 +160,8 @@ class Placer:
                     f"node {node.name} has no GPUs, but stages {', '.join(stages)} run on gpu",
                     [
                         "plan for a GPU host: --gpus 1xH100-80GB or --inventory FILE",
-                        *[f"run on the CPU: --{s}.device cpu" for s in stages],
+                        "run on the CPU: " + " ".join(to_cpu),
                     ],
-                )
-            )
-            return layout
-        if self.unpinned_with_pins:
-            layout.errors.append(
-                Issue(
-                    None,
-                    0,
-                    "some GPU stages pin gpus and others do not "
-                    f"({', '.join(self.unpinned_with_pins)}); pin every GPU stage or none",
                 )
             )
             return layout

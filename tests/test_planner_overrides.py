@@ -184,3 +184,8 @@ def test_bare_model_directory_is_one_autoregressive_stage() -> None:
     assert (name, stage.executor, stage.terminal) == ("llm", "autoregressive", True)
     assert stage.engine.max_running_requests == 4
     assert loaded.provenance.get("stages.llm.dtype").origin.source == "model-dir"
+
+
+def test_pins_are_all_or_nothing() -> None:
+    with pytest.raises(SpecError, match="some GPU stages pin gpus and talker do not"):
+        load_spec(SPEECH, ["--talker.gpus", "null"])

@@ -200,6 +200,9 @@ def test_cpu_only_host_plans_cpu_specs_and_refuses_gpu_stages() -> None:
         in msg
     )
     assert any("--gpus" in f for f in plan.errors[0].fixes)
+    to_cpu = next(f for f in plan.errors[0].fixes if f.startswith("run on the CPU: "))
+    assert "--thinker.device cpu" in to_cpu and "--thinker.gpus null" in to_cpu
+    assert plan_spec(SPEECH, None, to_cpu.removeprefix("run on the CPU: ").split()).plan.fits
 
 
 def test_bare_model_directory_plans_as_one_stage() -> None:
