@@ -333,3 +333,21 @@ def test_placement_invariants(spec: str, gpus: list[str], tp: int, running: int)
             assert p.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, p.gpus))
     if not plan.fits:
         assert plan.errors and all(e.message for e in plan.errors)
+
+
+def test_automatic_placement_keeps_engines_apart_and_neighbours_together() -> None:
+    unpin = []
+    for stage in ("image_encoder", "audio_encoder", "thinker", "talker", "code2wav"):
+        unpin += [f"--{stage}.gpus", "null"]
+    plan = plan_spec(SPEECH, "2xH100-80GB", unpin).plan
+    assert plan.fits and plan.replicas == 2  # denser than the pinned layout's one replica
+    p = procs(plan)
+    for r in range(plan.replicas):
+        assert p[f"{r}/thinker"].gpus != p[f"{r}/talker"].gpus  # two engines need shares
+    assert p["0/code2wav"].gpus == p["0/talker"].gpus  # the talker streams to code2wav
+    # One GPU without shares: the engines cannot be kept apart, and the planner says why.
+    one = plan_spec(SPEECH, "1xH200-141GB", unpin).plan
+    assert not one.fits
+    assert "would share GPU 0 of node node0 with another autoregressive engine" in (
+        one.errors[0].message
+    )
