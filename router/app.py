@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import itertools
 import logging
@@ -94,6 +95,7 @@ class Router:
         self.in_flight = 0
         self.ws_sessions = 0
         self.active: set[ClientConnection] = set()
+        self.clients: set[ClientConnection] = set()  # every open client connection
         self.tasks: set[asyncio.Task] = set()
         self.started_at = time.time()
         self.stopping = False
@@ -667,6 +669,15 @@ class Router:
                     conn.abort(f"timeout: no response headers within {s.headers_timeout_s:g}s")
                 elif conn.state == BODY and now - conn.last_activity > s.idle_timeout_s:
                     conn.abort(f"timeout: worker sent nothing for {s.idle_timeout_s:g}s")
+            # slow clients (slowloris): a request that stopped arriving, while we were reading
+            for client in list(self.clients):
+                if not client.in_request or client.closed or client.tunnel is not None:
+                    continue
+                if client.rx != client.rx_seen or not client.transport.is_reading():
+                    client.rx_seen = client.rx
+                    client.stall_at = now
+                elif now - client.stall_at > s.client_timeout_s:
+                    client.stalled(s.client_timeout_s)
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         s = self.settings
@@ -694,6 +705,12 @@ class Router:
             "off" if self.discovery is None else redacted_url(self.discovery.url_for_humans),
             len(s.worker),
         )
+        # Start-up objects (modules, settings, pydantic models) never die: keep them out of
+        # every future collection, and collect the young generation less often, so that the
+        # cyclic GC does not pause the event loop in the middle of a stream.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

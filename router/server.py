@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from fleet.errors import ErrorCode
+from router.http.proxy import WAITING
 from router.http.wire import error_response
 
 # POST bodies that routing does not need (multipart uploads): streamed, not buffered
@@ -56,6 +57,7 @@ class ClientConnection(asyncio.Protocol):
         "head_only",
         "headers",
         "http11",
+        "in_request",
         "keep_alive",
         "max_body",
         "parser",
@@ -63,6 +65,9 @@ class ClientConnection(asyncio.Protocol):
         "pending",
         "route",
         "router",
+        "rx",
+        "rx_seen",
+        "stall_at",
         "started",
         "transport",
         "tunnel",
@@ -110,13 +115,19 @@ class ClientConnection(asyncio.Protocol):
         self.upload_length: bytes | None = None
         self.upload_sink: Upstream | None = None
         self.upload_buf: list[bytes] = []  # upload pieces that came before the worker connection
+        # slow-client detection (router sweep): reads so far, as last seen, and since when
+        self.in_request = False  # a request head or body is partly received
+        self.rx = self.rx_seen = 0
+        self.stall_at = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
+        self.router.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.rx += 1
         if self.tunnel is not None:
             self.tunnel.write(data)
             return
@@ -137,6 +148,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.router.clients.discard(self)
         self.pending.clear()
         if self.tunnel is not None:
             self.tunnel.close()
@@ -163,6 +175,7 @@ class ClientConnection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_request = True
         self.url = b""
         self.headers = []
         self.body = []
@@ -225,6 +238,7 @@ class ClientConnection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_request = False
         if self.closed:
             return
         if self.uploading:
@@ -301,6 +315,15 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.detach()
             self.upstream = None
             self.router.exchange_aborted(self)
+
+    def stalled(self, timeout: float) -> None:
+        """The client sent nothing for ``timeout`` seconds in the middle of its request."""
+        upstream = self.upstream
+        if upstream is None or upstream.state == WAITING:  # no response bytes sent yet
+            self.reject(408, ErrorCode.REQUEST_TIMEOUT, f"request not received within {timeout:g}s")
+        else:  # a response is already under way: all that is left is to hang up
+            self.closed = True
+            self.transport.close()
 
     def too_large(self) -> None:
         if not self.closed:

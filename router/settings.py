@@ -49,6 +49,9 @@ class RouterSettings(OmniSettings):
     connect_timeout_s: float = Field(2.0, gt=0)
     headers_timeout_s: float = Field(300.0, gt=0, description="request sent -> response headers")
     idle_timeout_s: float = Field(120.0, gt=0, description="longest pause between body chunks")
+    client_timeout_s: float = Field(
+        60.0, gt=0, description="a client that stalls this long mid-request gets 408 (slowloris)"
+    )
     request_deadline_s: float = Field(10.0, gt=0, description="budget for connect retries")
     max_attempts: int = Field(3, ge=1, description="workers tried when connecting fails")
     retry_backoff_s: float = Field(0.02, ge=0, description="base of the jittered backoff")
