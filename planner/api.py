@@ -75,6 +75,8 @@ def build_plan(
     inventory: Inventory,
     max_replicas_per_node: int | None = None,
 ) -> LaunchPlan:
+    if max_replicas_per_node is not None and max_replicas_per_node < 1:
+        raise PlannerError(f"max_replicas_per_node must be at least 1, got {max_replicas_per_node}")
     facts = {name: stage_facts(spec, spec_path, name) for name in spec.stages}
     units = build_units(spec, facts)
     placer = Placer(units, inventory.catalog)
