@@ -189,6 +189,14 @@ async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
     assert events[-1].prompt_tokens > len(wav16) / AUDIO_INPUT_RATE * 12
     again = await collect(engine, req)
     assert text_of(again) == text_of(events)
+    # chat with an audio input part: the audio tokens join the user's turn
+    plain = await collect(engine, chat("chat-plain", max_tokens=3))
+    spoken = GenerationRequest(
+        "chat-audio-in", RequestKind.CHAT, messages=LONG_PROMPT, audio=wav16.astype(np.float32),
+        max_tokens=3,
+    )  # fmt: skip
+    heard = await collect(engine, spoken)
+    assert heard[-1].prompt_tokens - plain[-1].prompt_tokens > len(wav16) / AUDIO_INPUT_RATE * 12
 
 
 async def test_new_request_joins_running_batch(engine: PipelineEngine) -> None:

@@ -35,6 +35,7 @@ class ARRequest:
     want_hidden: bool = False
     # text program
     prompt: list[int] = field(default_factory=list)
+    prompt_len: int = 0  # positions the prompt took (audio placeholders expanded)
     audio: np.ndarray | None = None
     forced: bool = False
     # codec program
@@ -275,6 +276,7 @@ class TextProgram(Program):
                 f"{self.ex.engine.context_length}"
             )
         r.max_new = min(r.max_new, max(room, 1))
+        r.prompt_len = embeds.shape[1]  # audio placeholders expanded: audio counts as prompt
         return embeds
 
     def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
@@ -309,7 +311,7 @@ class TextProgram(Program):
     def _info(self, r: ARRequest, reason: str) -> dict[str, Any]:
         return {
             "finish_reason": reason,
-            "prompt_tokens": r.pos if r.forced else len(r.prompt),
+            "prompt_tokens": r.prompt_len,
             "completion_tokens": r.generated,
         }
 
