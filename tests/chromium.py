@@ -83,7 +83,15 @@ class Browser:
                 raise CdpError(f"chromium did not start:\n{self.log()}")
             time.sleep(0.1)
         port, path = active.read_text().splitlines()[:2]
-        self.ws = connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=timeout_s)
+        # as a context manager, the form every websockets version supports without warnings
+        self._ws_cm = connect(
+            f"ws://127.0.0.1:{port}{path}",
+            max_size=None,
+            open_timeout=timeout_s,
+            ping_interval=None,
+            proxy=None,
+        )
+        self.ws = self._ws_cm.__enter__()
         self._ids = itertools.count(1)
 
     def log(self) -> str:
@@ -127,7 +135,7 @@ class Browser:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.ws.close()
+            self._ws_cm.__exit__(None, None, None)
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 import shlex
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import orjson
@@ -21,6 +23,7 @@ from fleet.store import FleetStore, connect
 from router import local_fleet
 from router.cli import main as router_main
 from router.local_fleet import LocalFleetError, embedded_redis_binary, start_redis
+from router.settings import RouterSettings
 from tests.local_fleet_procs import (
     LocalFleetProcess,
     cmdline,
@@ -28,6 +31,8 @@ from tests.local_fleet_procs import (
     proc_table,
     still_running,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _check_wav(data: bytes) -> float:
@@ -182,3 +187,18 @@ async def test_the_embedded_redis_runs_every_fleet_store_call():
         await store.close()
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
+
+
+def test_the_quickstart_names_real_flags_paths_and_requests():
+    doc = (REPO / "docs" / "quickstart.md").read_text()
+    flags = {f.replace("-", "_") for f in re.findall(r"(?<![\w-])--([a-z][a-z0-9-]+)", doc)}
+    # --spec: the worker's flag that --local-spec feeds; --svg: omni-plan's
+    unknown = flags - set(RouterSettings.model_fields) - {"spec", "svg"}
+    assert not unknown, unknown
+    for path in re.findall(r"`((?:configs|docs|router|tests|scripts)/[\w./-]+\w)`", doc):
+        assert (REPO / path).exists(), path
+    assert (REPO / "docs" / "screenshots" / "dashboard.png").exists()
+    bodies = re.findall(r"-d '(\{.*?\})'", doc)
+    assert len(bodies) >= 5
+    for body in bodies:
+        assert orjson.loads(body)["model"] == "tiny-omni"
