@@ -29,3 +29,8 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+# The live fleet (redis + omni-workers + omni-routers) shared by the reliability suite, the
+# real-client and security tests: one instance per session, started on first use.
+from tests.reliability.fixtures import omni_fleet, omni_fleet_session  # noqa: E402, F401

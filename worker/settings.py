@@ -49,6 +49,9 @@ class WorkerSettings(OmniSettings):
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="request body limit")
     max_audio_seconds: float = Field(600.0, gt=0, description="longest accepted input audio")
+    body_timeout: float = Field(
+        60.0, gt=0, description="a request body that stalls this long gets 408 (slow clients)"
+    )
     token: SecretStr | None = Field(None, description="shared token (OMNI_WORKER_TOKEN)")
     session_window: float = Field(60.0, gt=0, description="a session counts as active this long")
 

@@ -26,6 +26,7 @@ def create_app(service: WorkerService) -> FastAPI:
         Gate,
         token=token,
         max_body_bytes=service.settings.max_body_bytes,
+        body_timeout=service.settings.body_timeout,
         metrics=service.metrics,
     )
     return app

@@ -3,6 +3,7 @@ while the body arrives, never after reading it whole) and per-route request metr
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 
@@ -39,11 +40,18 @@ def body_too_large(limit: int) -> OmniError:
 
 class Gate:
     def __init__(
-        self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: WorkerMetrics
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        max_body_bytes: int,
+        metrics: WorkerMetrics,
+        body_timeout: float = 60.0,
     ) -> None:
         self.app = app
         self.token = token.encode() if token else None
         self.limit = max_body_bytes
+        self.body_timeout = body_timeout
         self.metrics = metrics
 
     def _authorised(self, headers: dict[bytes, bytes]) -> bool:
@@ -103,14 +111,27 @@ class Gate:
                 return
 
             received = 0
+            body_done = False
 
             async def receive_limited() -> Message:
-                nonlocal received
-                message = await receive()
+                nonlocal received, body_done
+                if body_done:  # later calls wait for the disconnect: no deadline on those
+                    return await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), self.body_timeout)
+                except TimeoutError:
+                    raise OmniError(
+                        408,
+                        ErrorCode.REQUEST_TIMEOUT,
+                        f"request body not received within {self.body_timeout:g}s",
+                    ) from None
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > self.limit:
                         raise body_too_large(self.limit)
+                    body_done = not message.get("more_body", False)
+                else:
+                    body_done = True
                 return message
 
             await self.app(scope, receive_limited, send_counted)

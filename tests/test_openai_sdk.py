@@ -1,0 +1,134 @@
+"""Acceptance tests of OpenAI compatibility: the official ``openai`` SDK against the router of
+the live fleet (real Redis, three tiny-omni workers, two routers, API keys and a worker token
+configured). Each call goes client -> omni-router -> omni-worker and back."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from tests.reliability.fleet import MODEL, Fleet
+
+pytestmark = pytest.mark.slow
+VOICE = "chelsie"
+
+
+def wav_bytes(seconds: float, rate: int = 16_000, freq: float = 330.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def sdk(omni_fleet: Fleet) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=omni_fleet.routers[0].url + "/v1",
+        api_key=omni_fleet.api_key,
+        max_retries=0,
+        timeout=60,
+    )
+
+
+def test_models(sdk: openai.OpenAI) -> None:
+    ids = [m.id for m in sdk.models.list().data]
+    assert ids == [MODEL]
+
+
+def test_chat_plain_and_streamed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    messages = [{"role": "user", "content": "Hello through the router."}]
+    raw = sdk.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=10
+    )
+    assert raw.headers["x-omni-worker-id"] in omni_fleet.workers
+    assert raw.headers["x-omni-request-id"]
+    out = raw.parse()
+    text = out.choices[0].message.content
+    assert isinstance(text, str) and text
+    assert out.usage is not None and 0 < out.usage.completion_tokens <= 10
+    chunks = list(
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, stream=True)
+    )
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([d for d in deltas if d]) > 1, "text arrives as several deltas"
+    assert "".join(deltas) == text  # greedy: the same text on whichever worker served it
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_with_audio_output(sdk: openai.OpenAI) -> None:
+    kwargs = dict(
+        model=MODEL,
+        modalities=["text", "audio"],
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Say something."}],
+    )
+    out = sdk.chat.completions.create(audio={"voice": VOICE, "format": "wav"}, **kwargs)
+    message = out.choices[0].message
+    assert message.audio is not None and message.audio.transcript == message.content
+    wav = base64.b64decode(message.audio.data)
+    pcm, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24_000 and pcm.size > 0
+    audio: list[bytes] = []
+    for chunk in sdk.chat.completions.create(
+        audio={"voice": VOICE, "format": "pcm16"}, stream=True, **kwargs
+    ):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None and delta.audio is not None and delta.audio.data:
+            audio.append(base64.b64decode(delta.audio.data))
+    assert len(audio) > 1, "audio streams in several chunks"
+    assert b"".join(audio) == wav[44:]
+
+
+def test_speech_whole_and_streamed(sdk: openai.OpenAI) -> None:
+    text = "Hello from the fleet."
+    whole = sdk.audio.speech.create(
+        model=MODEL, input=text, voice=VOICE, response_format="wav"
+    ).content
+    assert whole[:4] == b"RIFF" and len(whole) > 44
+    with sdk.audio.speech.with_streaming_response.create(
+        model=MODEL, input=text, voice=VOICE, response_format="pcm", stream_format="audio"
+    ) as response:
+        assert response.headers.get("transfer-encoding") == "chunked"
+        pieces = list(response.iter_bytes(chunk_size=None))
+    assert len(pieces) > 1, "streamed speech arrives in several pieces"
+    assert b"".join(pieces) == whole[44:]
+
+
+def test_transcription(sdk: openai.OpenAI) -> None:
+    clip = ("clip.wav", wav_bytes(1.5), "audio/wav")
+    first = sdk.audio.transcriptions.create(model=MODEL, file=clip)
+    assert isinstance(first.text, str)
+    assert sdk.audio.transcriptions.create(model=MODEL, file=clip).text == first.text
+
+
+def test_same_answer_through_either_router(omni_fleet: Fleet) -> None:
+    answers = set()
+    for r in omni_fleet.routers:
+        client = openai.OpenAI(
+            base_url=r.url + "/v1", api_key=omni_fleet.api_key, max_retries=0, timeout=60
+        )
+        out = client.chat.completions.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "same?"}]
+        )
+        answers.add(out.choices[0].message.content)
+    assert len(answers) == 1
+
+
+def test_sdk_errors_are_typed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert err.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.audio.speech.create(model=MODEL, input="x", voice="nobody-here")
+    assert err.value.body["code"] == "voice_not_found"
+    wrong = openai.OpenAI(
+        base_url=omni_fleet.routers[0].url + "/v1", api_key="sk-wrong", max_retries=0
+    )
+    with pytest.raises(openai.AuthenticationError) as err:
+        wrong.models.list()
+    assert err.value.body["code"] == "invalid_api_key"
