@@ -375,18 +375,22 @@ def test_abort_on_disconnect(worker: Running, stream: bool) -> None:
         worker.call(worker.engine.hold.set)
 
 
-def test_draining_refuses_new_requests(worker: Running, http: httpx.Client) -> None:
-    worker.service.set_status(WorkerStatus.DRAINING)
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (WorkerStatus.STARTING, "worker_unavailable"),
+        (WorkerStatus.DRAINING, "draining"),
+    ],
+)
+def test_not_serving_refuses_new_requests(
+    worker: Running, http: httpx.Client, status: WorkerStatus, code: str
+) -> None:
+    worker.service.set_status(status)
     try:
-        assert_error(http.get("/ready"), 503, "draining")
-        assert_error(
-            http.post(
-                "/v1/chat/completions",
-                json={"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]},
-            ),
-            503,
-            "draining",
-        )
+        assert_error(http.get("/ready"), 503, code)
+        assert http.get("/health").json()["worker_status"] == status.value
+        chat = {"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]}
+        assert_error(http.post("/v1/chat/completions", json=chat), 503, code)
     finally:
         worker.service.set_status(WorkerStatus.READY)
     assert http.get("/ready").status_code == 200
@@ -408,3 +412,33 @@ def test_stage_failure_mid_stream_is_an_sse_error(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.APIError) as err:
         list(stream)
     assert err.value.code == "stage_failed"
+
+
+def test_sessions_and_capacity_in_the_load_report(worker: Running, http: httpx.Client) -> None:
+    chat = {"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]}
+    before = http.get("/load").json()["active_sessions"]
+    for key in ("s-one", "s-two", "s-one"):
+        assert http.post(
+            "/v1/chat/completions", json=chat, headers={"x-session-id": key}
+        ).is_success
+    load = http.get("/load").json()
+    assert load["active_sessions"] == before + 2
+    assert load["ttft_ms"] is not None and load["ttft_ms"] > 0
+
+    worker.call(worker.engine.hold.clear)
+    capacity = worker.service.settings.capacity
+    worker.service.settings.capacity = 1
+    held = {"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}
+    try:
+        with httpx.Client(base_url=worker.url, headers=http.headers, timeout=10) as other:
+            thread = threading.Thread(target=other.post, args=("/v1/chat/completions",),
+                                      kwargs={"json": held})  # fmt: skip
+            thread.start()
+            wait_for(lambda: worker.service.in_flight == 1)
+            assert_error(http.post("/v1/chat/completions", json=chat), 503, "overloaded")
+            worker.call(worker.engine.hold.set)
+            thread.join(timeout=10)
+    finally:
+        worker.service.settings.capacity = capacity
+        worker.call(worker.engine.hold.set)
+    assert worker.service.in_flight == 0
