@@ -120,8 +120,13 @@ class PipelineEngine:
         self._progress = progress
         self._changed = asyncio.Event()
         progress(f"preparing weights for {self.spec.name}")
+        loop = self._loop
+
+        def progress_from_thread(msg: str) -> None:
+            loop.call_soon_threadsafe(progress, msg)
+
         self._checkpoint = await asyncio.to_thread(
-            _resolve_checkpoint, self.spec, self.spec_path, self.cache_dir, progress
+            _resolve_checkpoint, self.spec, self.spec_path, self.cache_dir, progress_from_thread
         )
         by_replica: dict[int, dict[str, ProcessPlan]] = {}
         for pp in self.node_plan.processes:

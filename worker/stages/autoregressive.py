@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.base import (
+    CHUNK,
+    DONE,
+    END,
+    INVALID,
+    Output,
+    RequestMeta,
+    StageExecutor,
+    load_model,
+)
 from worker.stages.kvbatch import KVBatch
 
 
@@ -50,14 +59,8 @@ class AutoregressiveExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
-        from worker.models.checkpoint import load_component
-
         self.torch = torch
-        comp = self.ctx.stage.component
-        assert comp is not None, f"stage {self.ctx.name} needs a component"
-        self.model = load_component(
-            self.ctx.checkpoint, comp.config_dir, comp.module, self.ctx.stage.dtype, self.ctx.device
-        )
+        self.model = load_model(self.ctx)
         self.config = self.model.config
         self.embed = self.model.get_input_embeddings()
         gen_path = self.ctx.component_dir() / "generation_config.json"

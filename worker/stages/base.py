@@ -90,6 +90,16 @@ class StageExecutor(ABC):
         """Requests waiting in or running on this stage."""
 
 
+def load_model(ctx: StageContext) -> Any:
+    """The stage's component through ``from_pretrained`` (real and seeded checkpoints alike)."""
+    from worker.models.checkpoint import load_component
+
+    comp = ctx.stage.component
+    if comp is None:
+        raise ValueError(f"stage {ctx.name}: executor {ctx.stage.executor} needs a component")
+    return load_component(ctx.checkpoint, comp.config_dir, comp.module, ctx.stage.dtype, ctx.device)
+
+
 class BatchQueue:
     """FIFO of ready items with a batching window: run when full or when the oldest waited long
     enough (encoders, vocoders)."""

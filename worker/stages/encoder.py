@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
+from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor, load_model
 
 POOL = 4  # encoder frames per audio token (Whisper frames are 20 ms -> 12.5 tokens/s)
 
@@ -22,14 +22,8 @@ class EncoderExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
-        from worker.models.checkpoint import load_component
-
-        comp = self.ctx.stage.component
-        assert comp is not None, f"stage {self.ctx.name} needs a component"
         self.torch = torch
-        self.model = load_component(
-            self.ctx.checkpoint, comp.config_dir, comp.module, self.ctx.stage.dtype, self.ctx.device
-        )
+        self.model = load_model(self.ctx)
         # samples per encoder output frame: hop length x the convolutions' stride of 2
         self.samples_per_frame = 320
         b = self.ctx.stage.batching

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from worker.models import codec
-from worker.stages.base import DONE, OUT, BatchQueue, Output, RequestMeta, StageExecutor
+from worker.stages.base import (
+    DONE,
+    OUT,
+    BatchQueue,
+    Output,
+    RequestMeta,
+    StageExecutor,
+    load_model,
+)
 
 FIRST_CHUNK_FRAMES = 4
 CHUNK_FRAMES = 10
@@ -32,21 +40,14 @@ class _Stream:
     ended: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     queued: int = 0  # windows in the batch queue
-    done_sent: bool = False
 
 
 class VocoderExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
-        from worker.models.checkpoint import load_component
-
-        comp = self.ctx.stage.component
-        assert comp is not None, f"stage {self.ctx.name} needs a component"
         self.torch = torch
-        self.model = load_component(
-            self.ctx.checkpoint, comp.config_dir, comp.module, self.ctx.stage.dtype, self.ctx.device
-        )
+        self.model = load_model(self.ctx)
         self.upsample = codec.samples_per_frame(self.model)
         self.quantizers = codec.num_quantizers(self.model)
         self.window = LEFT_CONTEXT + CHUNK_FRAMES
