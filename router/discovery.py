@@ -33,6 +33,9 @@ _ERRORS = (RedisError, OSError, asyncio.TimeoutError, ValidationError)
 # for credentials. Link-local addresses (169.254.0.0/16, fe80::/10) are refused as a whole.
 _METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
 _METADATA_IPS = (ipaddress.ip_network("fd00:ec2::254/128"),)
+# A Redis that comes back (restarted, failed over) may be empty until every live worker has
+# re-registered at its next heartbeat: records missing then are not taken as departures.
+RECONNECT_GRACE_S = 5.0
 
 
 def url_refusal(url: str) -> str | None:
@@ -83,6 +86,7 @@ class Discovery:
         self.last_error = ""
         self.synced = asyncio.Event()
         self._refused: dict[str, str] = {}  # worker id -> refused URL (logged once)
+        self._grace_until = 0.0  # monotonic: keep workers whose records are missing until then
 
     def _admissible(self, record: WorkerRecord) -> bool:
         reason = url_refusal(record.url)
@@ -110,11 +114,17 @@ class Discovery:
         if not self.up:
             if self.last_sync:
                 self.metrics.redis_reconnects += 1
+                self._grace_until = time.monotonic() + RECONNECT_GRACE_S
                 log.warning("Redis %s reachable again", self.url_for_humans)
             self.up = True
 
     async def resync(self) -> None:
         views = await self.store.snapshot()
+        now = time.monotonic()
+        if not views and self.view.dynamic_ids() and now - self._grace_until > RECONNECT_GRACE_S:
+            # every record gone at once: a Redis that restarted empty (workers that leave say
+            # so with events); wait for the re-registrations before believing it
+            self._grace_until = now + RECONNECT_GRACE_S
         seen = set()
         for worker_id, wv in views.items():
             if not self._admissible(wv.record):
@@ -125,10 +135,11 @@ class Discovery:
                 self.view.upsert(wv.record)
             if wv.load is not None:
                 self._apply_load(wv.load)
-        for worker_id in self.view.dynamic_ids() - seen:
-            log.info("worker %s left (record gone)", worker_id)
-            self.view.remove(worker_id)
         self._mark_up()
+        if time.monotonic() >= self._grace_until:
+            for worker_id in self.view.dynamic_ids() - seen:
+                log.info("worker %s left (record gone)", worker_id)
+                self.view.remove(worker_id)
         self.last_sync = time.monotonic()
         self.synced.set()
 
@@ -175,7 +186,8 @@ class Discovery:
             return
         raw = await self.store.redis.get(self.store.keys.worker(event.worker_id))
         if raw is None:
-            self.view.remove(event.worker_id)
+            # a re-joining worker announces itself just before it rewrites its record; a
+            # record that really expired is dropped by the resync
             return
         record = WorkerRecord.model_validate_json(raw)
         if not self._admissible(record):

@@ -3,9 +3,9 @@
 Rule (docs/reliability.md): every ``curl`` command inside a fenced ```bash / ```sh / ```shell /
 ```console block of those files is run, continuation lines included, unless the block is
 preceded by a ``<!-- not-tested: reason -->`` line. The router address in the examples
-(``http://localhost:8080``, ``http://127.0.0.1:8080`` or ``$OMNI_URL``) is pointed at the
-fleet's router; the fleet requires an API key, so each curl also carries one (as a client
-configured with ``OMNI_API_KEY`` would). A command passes when it exits 0 with ``--fail``
+(``localhost`` or ``127.0.0.1`` on port 8000 or 8080, with or without ``http://``, or
+``$OMNI_URL``) is pointed at the fleet's router; the fleet requires an API key, so each curl
+also carries one (as a client configured with ``OMNI_API_KEY`` would). A command passes when it exits 0 with ``--fail``
 semantics (no HTTP error status) from a scratch directory.
 """
 
@@ -23,7 +23,8 @@ from tests.reliability.fleet import Fleet
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "docs" / "quickstart.md"]
 _FENCE = re.compile(r"^```(bash|sh|shell|console)\s*$")
-_ADDRESSES = ("http://localhost:8080", "http://127.0.0.1:8080")
+# the router address of the examples: port 8000 (omni-router --local-workers) or 8080 (default)
+_ADDRESS = re.compile(r"(?:https?://)?(?:localhost|127\.0\.0\.1):(?:8000|8080)")
 
 
 def curl_commands(path: Path) -> list[tuple[str, str]]:
@@ -71,8 +72,7 @@ COMMANDS = [c for doc in DOCS for c in curl_commands(doc)]
 @pytest.mark.parametrize("command", [c for _, c in COMMANDS], ids=[i for i, _ in COMMANDS])
 def test_curl_example(command: str, omni_fleet: Fleet, tmp_path: Path) -> None:
     url = omni_fleet.routers[0].url
-    for address in _ADDRESSES:
-        command = command.replace(address, url)
+    command = _ADDRESS.sub(url, command).replace("$OMNI_URL", url)
     script = (
         "set -euo pipefail\n"
         "curl() { command curl --silent --show-error --fail-with-body --max-time 60 "
