@@ -168,7 +168,11 @@ class Daemon:
 
     async def serve(self) -> int:
         settings, planned = self.settings, self.planned
-        sock = bind(settings.host, settings.port)
+        try:
+            sock = bind(settings.host, settings.port)
+        except OSError as exc:
+            log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc)
+            return EXIT_FAILED
         port = sock.getsockname()[1]
         worker_id = settings.resolved_worker_id(port)
         url = settings.resolved_url(port)
