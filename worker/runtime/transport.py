@@ -58,6 +58,8 @@ def _from_shm(ref: ShmRef, unlink: bool) -> np.ndarray:
 
 def pack(obj: Any, prefix: str | None = None) -> Any:
     prefix = prefix or _prefix
+    if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
+        obj = obj.detach().cpu().numpy()  # torch tensors travel as arrays (no torch pickling)
     if isinstance(obj, np.ndarray):
         return _to_shm(obj, prefix) if obj.nbytes >= SHM_THRESHOLD else obj
     if isinstance(obj, dict):

@@ -97,6 +97,11 @@ def load_model(ctx: StageContext) -> Any:
     comp = ctx.stage.component
     if comp is None:
         raise ValueError(f"stage {ctx.name}: executor {ctx.stage.executor} needs a component")
+    if ctx.stage.tp_size > 1:
+        raise ValueError(
+            f"stage {ctx.name}: tp_size {ctx.stage.tp_size} needs a tensor-parallel engine; "
+            "the transformers executor runs one device per stage (tp_size 1)"
+        )
     return load_component(ctx.checkpoint, comp.config_dir, comp.module, ctx.stage.dtype, ctx.device)
 
 
