@@ -706,11 +706,9 @@ class Router:
             len(s.worker),
         )
         # Start-up objects (modules, settings, pydantic models) never die: keep them out of
-        # every future collection, and collect the young generation less often, so that the
-        # cyclic GC does not pause the event loop in the middle of a stream.
+        # every future collection, so that a full collection does not pause a stream.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(20_000, 20, 20)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
