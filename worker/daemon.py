@@ -168,6 +168,9 @@ class Daemon:
 
     async def serve(self) -> int:
         settings, planned = self.settings, self.planned
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             sock = bind(settings.host, settings.port)
         except OSError as exc:
@@ -185,35 +188,13 @@ class Daemon:
             redis_url = settings.redis_url.get_secret_value()
             store = FleetStore(connect(redis_url), settings.fleet)
             service.store = store
-            record = WorkerRecord(
-                id=worker_id,
-                url=url,
-                node=settings.node,
-                model=planned.spec.name,
-                served_models=planned.spec.served_models,
-                capabilities=capabilities_of(planned.spec),
-                capacity=settings.capacity,
-                status=WorkerStatus.STARTING,
-                plan_digest=planned.plan.digest(),
-                plan=planned.plan.model_dump(mode="json"),
-            )
-            registrar = Registrar(
-                store,
-                record,
-                service,
-                heartbeat_interval=settings.heartbeat_interval,
-                ttl=settings.heartbeat_ttl,
-                load_interval=settings.load_interval,
-            )
+            registrar = self._registrar(store, service, url)
             log.info("fleet %r on %s as %s", settings.fleet, redacted_url(redis_url), worker_id)
             await registrar.set_status(WorkerStatus.STARTING, "loading")
             registrar.start()
         else:
             log.info("no --redis-url: serving standalone, not registered in a fleet")
 
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
         server = _Server(
             uvicorn.Config(
                 create_app(service),
@@ -246,6 +227,29 @@ class Daemon:
                     await store.close()
             log.info("bye (exit %d)", exit_code)
         return exit_code
+
+    def _registrar(self, store: FleetStore, service: WorkerService, url: str) -> Registrar:
+        settings, planned = self.settings, self.planned
+        record = WorkerRecord(
+            id=service.worker_id,
+            url=url,
+            node=settings.node,
+            model=planned.spec.name,
+            served_models=planned.spec.served_models,
+            capabilities=capabilities_of(planned.spec),
+            capacity=settings.capacity,
+            status=WorkerStatus.STARTING,
+            plan_digest=planned.plan.digest(),
+            plan=planned.plan.model_dump(mode="json"),
+        )
+        return Registrar(
+            store,
+            record,
+            service,
+            heartbeat_interval=settings.heartbeat_interval,
+            ttl=settings.heartbeat_ttl,
+            load_interval=settings.load_interval,
+        )
 
     async def _start_and_run(self, service: WorkerService, registrar: Registrar | None) -> int:
         started = time.monotonic()
