@@ -287,3 +287,40 @@ async def test_killed_stage_process_fails_requests_and_recovers(engine: Pipeline
     events = await collect(engine, chat("after", audio=True, max_tokens=5))
     assert isinstance(events[-1], Finished) and audio_of(events)
     await wait_until(lambda: idle(engine), 10, "every stage's queue to drain")
+
+
+async def test_a_stage_that_cannot_load_fails_start_with_its_error(tmp_path: Path) -> None:
+    model_dir = tmp_path / "broken"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"]}')
+    spec = ModelSpec.model_validate(
+        {
+            "name": "broken",
+            "model_dir": str(model_dir),
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "llm",
+            "stages": {
+                "llm": {
+                    "executor": "autoregressive",
+                    "component": {},
+                    "device": "cpu",
+                    "terminal": True,
+                }
+            },
+        }
+    )
+    eng = PipelineEngine(spec, tmp_path / "spec.yaml", cpu_node_plan(spec), tmp_path / "cache")
+    with pytest.raises(RuntimeError, match="NoSuchModelForCausalLM"):
+        await asyncio.wait_for(eng.start(lambda _m: None), timeout=120)
+    st = eng.status()
+    assert not st.ready
+    for pid in eng.process_pids().values():
+        await wait_until(lambda p=pid: not _alive(p), 10, f"stage process {pid} to exit")
+
+
+def _alive(pid: int | None) -> bool:
+    try:
+        os.kill(pid, 0)  # type: ignore[arg-type]
+    except (ProcessLookupError, TypeError):
+        return False
+    return True

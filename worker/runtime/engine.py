@@ -76,6 +76,7 @@ class _Replica:
     stage_group: dict[str, str] = field(default_factory=dict)
     procs: dict[str, StageProcess] = field(default_factory=dict)
     down: dict[str, str] = field(default_factory=dict)  # group -> why
+    restarting: set[str] = field(default_factory=set)
     load: dict[str, tuple[int, float]] = field(default_factory=dict)
     requests: dict[str, _Request] = field(default_factory=dict)
 
@@ -448,11 +449,20 @@ class PipelineEngine:
         for req in list(rep.requests.values()):
             if stages & set(req.route.active):
                 self._fail(req, StageFailed(f"stage {'/'.join(sorted(stages))} failed: {why}"))
+        if group in rep.restarting:  # a restarted process died again: its loop retries
+            return
         task = asyncio.ensure_future(self._restart(rep, group))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
     async def _restart(self, rep: _Replica, group: str) -> None:
+        rep.restarting.add(group)
+        try:
+            await self._restart_loop(rep, group)
+        finally:
+            rep.restarting.discard(group)
+
+    async def _restart_loop(self, rep: _Replica, group: str) -> None:
         for attempt in itertools.count():
             if self._stopping:
                 return
@@ -463,7 +473,7 @@ class PipelineEngine:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-            if proc.all_ready:
+            if proc.all_ready and proc.proc.is_alive():
                 rep.down.pop(group, None)
                 self._progress(f"process group {group} is ready again")
                 return
