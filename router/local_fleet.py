@@ -287,6 +287,18 @@ class LocalFleet:
                     return str(voices[0]["name"])
         return None
 
+    async def watch(self) -> None:
+        """Say so when a worker exits while the fleet runs (the router routes around it)."""
+        told: set[int] = set()
+        while True:
+            for w in self.workers:
+                code = w.exited()
+                if code is not None and w.index not in told:
+                    told.add(w.index)
+                    log.warning("worker %s exited with %s; its log: %s", w.worker_id, code,
+                                w.log_path)  # fmt: skip
+            await asyncio.sleep(1.0)
+
     def stop(self) -> None:
         """Stop the workers (drain, then kill what is left) and Redis. Idempotent."""
         if self._stopped:
@@ -367,21 +379,29 @@ async def _serve(settings: RouterSettings, fleet: LocalFleet) -> int:
     def routable() -> int:
         return sum(1 for w in router.view.workers.values() if w.routable)
 
-    failed = False
-    try:
+    async def announce_then_watch() -> None:
         await fleet.wait_ready(routable, settings.local_ready_timeout_s)
         first = next(iter(router.view.workers.values()))
         speech = "speech" in {e.value for e in first.record.capabilities.endpoints}
         voice = await fleet.first_voice() if speech else None
         model = (first.record.served_models or [first.record.model])[0]
         print(fleet.banner(model, speech, voice), flush=True)
-    except LocalFleetError as exc:
-        print(f"omni-router: {exc}", file=sys.stderr, flush=True)
+        await fleet.watch()
+
+    # Ctrl-C stops the router at any time, also while the workers are still starting.
+    helper = asyncio.create_task(announce_then_watch())
+    await asyncio.wait({serving, helper}, return_when=asyncio.FIRST_COMPLETED)
+    failed = False
+    if helper.done() and helper.exception() is not None:
+        exc = helper.exception()
+        text = str(exc) if isinstance(exc, LocalFleetError) else f"local fleet failed: {exc!r}"
+        print(f"omni-router: {text}", file=sys.stderr, flush=True)
         failed = True
         signal.raise_signal(signal.SIGTERM)  # the router's own handler stops it
-    except asyncio.CancelledError:
-        pass
     await serving
+    helper.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await helper
     return 1 if failed else 0
 
 
@@ -415,7 +435,7 @@ def run(settings: RouterSettings) -> int:
 
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             code = runner.run(_serve(routed, fleet))
-    except LocalFleetError as exc:
+    except (LocalFleetError, OSError) as exc:  # OSError: e.g. the router's port is taken
         print(f"omni-router: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
         code = 0

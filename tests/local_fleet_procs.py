@@ -133,6 +133,17 @@ class LocalFleetProcess:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(timeout)
 
+    def interrupt_tracking(self, timeout: float = 90) -> tuple[int, dict[int, int]]:
+        """SIGINT, then the exit code and every process seen below the launcher until it
+        exited (so that one started while stopping is counted too)."""
+        seen = descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            seen.update(descendants(self.proc.pid))
+            time.sleep(0.05)
+        return self.proc.wait(max(0.1, deadline - time.monotonic())), seen
+
     def close(self) -> None:
         """Whatever state it is in: kill it and everything it started."""
         left = descendants(self.proc.pid)

@@ -22,7 +22,7 @@ from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, Worker
 from fleet.store import FleetStore, connect
 from router import local_fleet
 from router.cli import main as router_main
-from router.local_fleet import LocalFleetError, embedded_redis_binary, start_redis
+from router.local_fleet import READY_LINE, LocalFleetError, embedded_redis_binary, start_redis
 from router.settings import RouterSettings
 from tests.local_fleet_procs import (
     LocalFleetProcess,
@@ -103,9 +103,28 @@ def test_local_fleet_serves_audio_and_chat_then_stops_everything(tmp_path):
         assert events[-1] == "data: [DONE]"
         assert len(events) >= 3
 
-        assert fleet.interrupt(timeout=90) == 0, fleet.log()
-        assert_all_gone(started, fleet)
+        code, seen = fleet.interrupt_tracking(timeout=90)
+        assert code == 0, fleet.log()
+        assert_all_gone({**started, **seen}, fleet)
         assert "local fleet stopped" in fleet.log()
+    finally:
+        fleet.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_workers_start_leaves_no_process():
+    fleet = LocalFleetProcess(2)
+    try:
+        # Redis, two workers and some of their stage processes are up, nobody is ready yet
+        deadline = time.monotonic() + 240
+        while len(descendants(fleet.proc.pid)) < 7 and time.monotonic() < deadline:
+            assert fleet.proc.poll() is None, fleet.log()
+            time.sleep(0.2)
+        assert len(descendants(fleet.proc.pid)) >= 7, fleet.log()
+        code, seen = fleet.interrupt_tracking(timeout=90)
+        assert code == 0, fleet.log()
+        assert_all_gone(seen, fleet)
+        assert not any(line.startswith(READY_LINE) for line in fleet.stdout)
     finally:
         fleet.close()
 
