@@ -300,3 +300,24 @@ def test_aggregate_merges_inputs_and_sglang_is_a_seam() -> None:
     assert agg.step() == [(FINAL, "r", {"x": 2, "y": 1})]  # sources merge in name order
     with pytest.raises(NotImplementedError, match="sglang"):
         make_executor(StageContext("llm", spec, spec.stages["llm"], Path("."), "cuda:0", 1))
+
+
+def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Path) -> None:
+    from worker.stages.base import DONE, OUT, RequestMeta, StageContext
+    from worker.stages.registry import make_executor
+
+    spec = tiny_spec()
+    dec = make_executor(StageContext("decode", spec, spec.stages["decode"], checkpoint, "cpu", 1))
+    dec.load()
+    text = "héllo wörld ✓ 你好"
+    dec.start("r", RequestMeta("chat", frozenset({"text"})), {})
+    deltas: list[str] = []
+    for b in text.encode():  # byte-level ids: one byte per token
+        dec.feed("r", "thinker", {"tokens": [b]})
+        deltas += [d[1] for kind, _, d in dec.step() if kind == OUT]
+    dec.end_stream("r", "thinker", {"finish_reason": "stop"})
+    outs = dec.step()
+    deltas += [d[1] for kind, _, d in outs if kind == OUT]
+    assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
+    assert len(deltas) > 10 and outs[-1] == (DONE, "r", {"finish_reason": "stop"})
+    assert dec.queue_depth() == 0

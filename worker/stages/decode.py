@@ -1,7 +1,9 @@
 """Decode (CPU): the thinker's token stream -> text deltas for the client.
 
-Decodes the whole sequence and emits what is new, holding back a trailing partial UTF-8
-character (``\\ufffd``) until the next token completes it.
+Incremental detokenization over a sliding window (as vLLM does): the text of
+``tokens[prefix:]`` minus that of ``tokens[prefix:read]`` is new, unless it ends in a partial
+UTF-8 character (``\\ufffd``), which waits for the next token. The window keeps decoding cost
+per token constant and gives context-dependent tokenizers (leading spaces) their context.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from worker.stages.preprocess import load_tokenizer
 
 
 class _Text:
-    __slots__ = ("dirty", "ended", "info", "sent", "tokens")
+    __slots__ = ("dirty", "ended", "info", "prefix", "read", "tokens")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.sent = ""
+        self.prefix = 0  # start of the decoding window
+        self.read = 0  # tokens before this are already in the emitted text
         self.dirty = False
         self.ended = False
         self.info: dict[str, Any] = {}
@@ -58,12 +61,12 @@ class DecodeExecutor(StageExecutor):
             if not t.dirty:
                 continue
             t.dirty = False
-            text = self.tokenizer.decode(t.tokens, skip_special_tokens=True)
-            if not t.ended and text.endswith("\ufffd"):
-                text = text[:-1]
-            if len(text) > len(t.sent) and text.startswith(t.sent):
-                outs.append((OUT, rid, ("text", text[len(t.sent) :])))
-                t.sent = text
+            decode = self.tokenizer.decode
+            done = decode(t.tokens[t.prefix : t.read], skip_special_tokens=True)
+            text = decode(t.tokens[t.prefix :], skip_special_tokens=True)
+            if len(text) > len(done) and (t.ended or not text.endswith("\ufffd")):
+                outs.append((OUT, rid, ("text", text[len(done) :])))
+                t.prefix, t.read = t.read, len(t.tokens)
             if t.ended:
                 del self.reqs[rid]
                 outs.append((DONE, rid, t.info))
