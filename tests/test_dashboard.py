@@ -187,6 +187,7 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         assert "0/thinker" in plans and "0/talker" in plans
         assert "tiny-omni: fits" in page.eval("document.querySelector('#plans svg').textContent")
         assert "live" in page.text("#live-text")
+        assert page.eval("getComputedStyle(document.querySelector('#error')).display") == "none"
 
         # numbers move under load
         page.wait_for("document.querySelector('#c-total').innerText !== '–'")
@@ -245,7 +246,10 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         )
         assert r.status_code == 200 and r.headers["x-omni-worker-id"] == "local-0"
 
+        assert page.eval("getComputedStyle(document.querySelector('#error')).display") == "none"
+
         assert fleet.interrupt(timeout=90) == 0, fleet.log()
+        page.wait_for("document.querySelector('#live-text').innerText.includes('unreachable')")
         deadline = time.monotonic() + 10
         while still_running(started) and time.monotonic() < deadline:
             time.sleep(0.1)
