@@ -10,6 +10,7 @@ a screenshot taken under load there, near the end of ``OMNI_DASHBOARD_LOAD_S`` s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -17,13 +18,16 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 import httpx
 import pytest
 
+from fleet.records import WorkerRecord, WorkerStatus
+from fleet.store import FleetStore, connect
 from tests.chromium import Browser, chromium_binary
 from tests.fakes.procs import FakeWorker, Router, chat, wait_for
-from tests.local_fleet_procs import LocalFleetProcess, descendants, still_running
+from tests.local_fleet_procs import REPO, LocalFleetProcess, descendants, still_running
 
 
 @pytest.fixture
@@ -257,3 +261,52 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         print(f"worker local-1 killed: the page showed {' -> '.join(seen)}")
     finally:
         fleet.close()
+
+
+def _stage_rects(svg: str) -> list[tuple[str, str]]:
+    """(fill, "stage category") of each memory rectangle of a plan picture, in drawing order."""
+    root = ElementTree.fromstring(svg)
+    out = []
+    for rect in root.iter("{http://www.w3.org/2000/svg}rect"):
+        title = rect.find("{http://www.w3.org/2000/svg}title")
+        if title is not None and not title.text.startswith("reserved"):
+            what = title.text.split(":")[0]  # "0/thinker weights" (omni-plan) or "thinker weights"
+            out.append((rect.get("fill"), what.split("/", 1)[-1]))
+    return out
+
+
+def test_the_plan_is_drawn_like_omni_plan_svg(browser, redis_url):
+    """A GPU worker's plan on the page: the same bars, stacks and colours as ``omni-plan --svg``."""
+    from planner.api import plan_spec  # the tests may use the planner; the router may not
+    from planner.render import plan_svg
+
+    plan = plan_spec(REPO / "configs/models/qwen3-omni-30b-a3b-speech.yaml", "2xH100-80GB").plan
+    assert plan.fits and len(plan.nodes[0].gpus) == 2
+    record = WorkerRecord(
+        id="gpu-node-1", url="http://127.0.0.1:9", node="gpu-node-1", model=plan.spec,
+        served_models=[plan.spec], status=WorkerStatus.READY, plan_digest=plan.digest(),
+        plan=plan.model_dump(mode="json"),
+    )  # fmt: skip
+
+    async def register() -> None:
+        store = FleetStore(connect(redis_url))
+        await store.write_record(record, 120_000)
+        await store.close()
+
+    asyncio.run(register())
+    router = Router("--redis-url", redis_url)
+    try:
+        page = browser.open(router.url + "/dashboard")
+        page.wait_for("document.querySelectorAll('#plans svg rect').length > 5")
+        drawn = str(page.eval("document.querySelector('#plans svg').outerHTML"))
+        expected = plan_svg(plan)
+        assert len(_stage_rects(expected)) >= 8  # 5 stages, weights and KV cache and more
+        assert _stage_rects(drawn) == _stage_rects(expected)
+        for label in ("GPU 0", "GPU 1", "H100-80GB", f"{plan.spec}: fits, 1 replica(s)"):
+            assert label in drawn and label in expected
+        table = page.text("#plans table")
+        for process in plan.nodes[0].processes:
+            assert process.name in table
+        assert "gpu 0" in table and "gpu 1" in table
+    finally:
+        router.stop()
