@@ -33,4 +33,8 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 
 # The live fleet (redis + omni-workers + omni-routers) shared by the reliability suite, the
 # real-client and security tests: one instance per session, started on first use.
-from tests.reliability.fixtures import omni_fleet, omni_fleet_session  # noqa: E402, F401
+from tests.reliability.fixtures import (  # noqa: E402, F401
+    omni_fleet,
+    omni_fleet_session,
+    pytest_collection_modifyitems,
+)

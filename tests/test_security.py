@@ -21,14 +21,13 @@ CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content"
 
 
 def worker_requests(fleet: Fleet) -> dict[str, float]:
-    """Each worker's own count of API requests it answered (its /metrics is open)."""
+    """Each worker's own count of API requests it answered (its /metrics is open); route
+    "other" (health probes, load reports) is left out: routers probe all the time."""
+    pattern = re.compile(r'^omni_worker_requests_total\{route="(\w+)"[^}]*\} (\S+)$', re.M)
     out = {}
     for wid, w in fleet.workers.items():
         text = httpx.get(w.url + "/metrics", timeout=5).text
-        out[wid] = sum(
-            float(m.group(1))
-            for m in re.finditer(r"^omni_worker_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-        )
+        out[wid] = sum(float(n) for route, n in pattern.findall(text) if route != "other")
     return out
 
 

@@ -30,3 +30,9 @@ def omni_fleet_session() -> Iterator[Fleet]:
 def omni_fleet(omni_fleet_session: Fleet) -> Fleet:
     """The shared fleet, repaired if an earlier scenario left it short of a worker."""
     return omni_fleet_session.ensure(min_workers=2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the live fleet run last and together: the fleet starts for the first of them
+    and is stopped at the end of the session, instead of idling through everybody else's."""
+    items.sort(key=lambda item: "omni_fleet_session" in getattr(item, "fixturenames", ()))

@@ -300,17 +300,26 @@ def router_restarted(fleet: Fleet, seed: int = 5) -> Result:
     fleet.ensure(2)
     before = bind_sessions(fleet)
     first = Load(fleet.router_urls, fleet.auth, n=40, rate=20, seed=seed, sessions=SESSIONS)
-    first.start()
-    first.wait_done(10)
-    down = time.monotonic()
+    first.run()
+    # streams in flight on router 0 when it gets SIGTERM finish (graceful stop); new requests
+    # meanwhile go to router 1 (a client or balancer retries a refused connection elsewhere)
+    r0 = fleet.routers[0].url
+    streams = {"chat_stream": 1, "speech_stream": 1}
+    inflight = Load([r0], fleet.auth, n=6, rate=100, concurrency=6, seed=seed, mix=streams,
+                    sessions=SESSIONS, session_share=1.0)  # fmt: skip
+    inflight.start()
+    wait_until(
+        lambda: sum(o.headers_at is not None for o in inflight.outcomes) >= 3, 30, "streams on"
+    )
     survivor = fleet.routers[1].url
     during = Load([survivor], fleet.auth, n=40, rate=20, seed=seed + 100, sessions=SESSIONS)
     during.start()
+    down = time.monotonic()
     fleet.restart_router(0)
     back = time.monotonic() - down
     wait_until(lambda: fleet.routable(fleet.routers[0]) == set(fleet.workers), 10, "view rebuilt")
     after = Load(fleet.router_urls, fleet.auth, n=60, rate=20, seed=seed + 200, sessions=SESSIONS)
-    outcomes = first.join() + during.join() + after.run()
+    outcomes = first.outcomes + inflight.join() + during.join() + after.run()
     s = _untouched(outcomes, "router restart")
     assert_sessions_stayed(outcomes, before, set())
     assert bindings(fleet) == before
