@@ -84,13 +84,12 @@ class Browser:
             time.sleep(0.1)
         port, path = active.read_text().splitlines()[:2]
         # as a context manager, the form every websockets version supports without warnings
-        self._ws_cm = connect(
-            f"ws://127.0.0.1:{port}{path}",
-            max_size=None,
-            open_timeout=timeout_s,
-            ping_interval=None,
-            proxy=None,
-        )
+        url = f"ws://127.0.0.1:{port}{path}"
+        options = {"max_size": None, "open_timeout": timeout_s, "ping_interval": None}
+        try:
+            self._ws_cm = connect(url, proxy=None, **options)  # never through a proxy
+        except TypeError:  # websockets < 15 knows no proxies
+            self._ws_cm = connect(url, **options)
         self.ws = self._ws_cm.__enter__()
         self._ids = itertools.count(1)
 

@@ -137,7 +137,7 @@ def test_a_worker_that_cannot_start_stops_the_fleet_with_its_log():
         assert code == 1, fleet.log()
         log = fleet.log()
         assert "worker local-0 exited with 2 during start-up" in log
-        assert "spec not found" in log  # the worker's own words, from its log
+        assert "no/such/spec.yaml" in log  # the worker's own words, from its log
     finally:
         fleet.close()
 
