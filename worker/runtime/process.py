@@ -7,7 +7,6 @@ import multiprocessing as mp
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any
 
 from worker.runtime import messages as m
 from worker.runtime.host import HostConfig, host_main
@@ -97,7 +96,3 @@ class StageProcess:
     def close(self) -> None:
         self.inbox.cancel_join_thread()
         self.inbox.close()
-
-
-def spawn(cfg: HostConfig, on_messages: Any, on_exit: Any) -> StageProcess:
-    return StageProcess(cfg, on_messages, on_exit)
