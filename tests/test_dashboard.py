@@ -243,6 +243,7 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         assert "ready" not in seen[1:], seen  # never back to ready once it went
         assert "gone" in page.text('#workers tr[data-worker="local-1"]')
         page.wait_for("document.querySelector('#c-workers').innerText === '1 / 1'", timeout=10)
+        wait_for(lambda: "worker local-1 exited with -9" in fleet.log(), 10)  # the launcher says so
         r = httpx.post(
             fleet.url + "/v1/chat/completions",
             json={"model": "tiny-omni", "messages": [{"role": "user", "content": "still?"}]},
