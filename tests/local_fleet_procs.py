@@ -156,3 +156,7 @@ class LocalFleetProcess:
                 os.kill(pid, signal.SIGKILL)
         self._stderr.close()
         shutil.rmtree(self.cwd, ignore_errors=True)
+        # the launcher keeps the workers' logs for people; a test's are in its own output
+        for run_dir in set(re.findall(r"(/\S*/omni-local-\w+)", self.log(tail=10_000))):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        self.stderr_path.unlink(missing_ok=True)
