@@ -43,11 +43,9 @@ COMMON = (
     "0.25",
     "--max-audio-seconds",
     "20",
-    # A spec override through the CLI, and a workaround: the vocoder's numerics depend on how
-    # many windows share a batch (timing under load), which flips a few audio LSBs between
-    # runs; one window per call keeps the exact-bytes checks below deterministic.
-    "--code2wav.batching.max_batch_size",
-    "1",
+    # A spec override through the CLI (the spec's own value, so behaviour is unchanged).
+    "--thinker.engine.max_running_requests",
+    "16",
 )
 
 
@@ -344,6 +342,13 @@ def test_bad_inputs_on_the_real_worker(workers, sdk_a: openai.OpenAI) -> None:
         json={"model": MODEL, "messages": [{"role": "user", "content": 5}]},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    # a prompt over the thinker's context length is refused by the stage: the client's error
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk_a.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "word " * 3000}]
+        )
+    assert err.value.body["code"] == "invalid_request"
+    assert "context length" in err.value.body["message"]
     # unauthenticated
     r = httpx.get(a.url + "/v1/models", timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

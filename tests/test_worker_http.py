@@ -284,6 +284,14 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
         503,
         "stage_failed",
     )
+    # a stage refusing the request's content is the client's error, not the worker's
+    assert_error(
+        http.post(
+            chat, json={"model": "fake-omni", "messages": [{"role": "user", "content": "REFUSE"}]}
+        ),
+        400,
+        "invalid_request",
+    )
     ok = http.post(chat, json={"model": "fake-omni", "messages": msgs})
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "echo x"
     metrics = http.get("/metrics").text

@@ -18,6 +18,7 @@ from worker.engine import (
     Finished,
     GenerationRequest,
     ProgressCallback,
+    RequestInvalid,
     RequestKind,
     StageFailed,
     StageLoad,
@@ -81,6 +82,8 @@ class FakeEngine:
             text = self.reply_text(request)
             if "FAIL" in text:
                 raise StageFailed("fake stage 'thinker' died")
+            if "REFUSE" in text:
+                raise RequestInvalid("prompt is longer than the context (9999 > 2048 tokens)")
             if "HOLD" in text:
                 await self.hold.wait()
             words = text.split(" ")

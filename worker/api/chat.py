@@ -23,6 +23,7 @@ from worker.api.common import (
     session_of,
     until_disconnect,
 )
+from worker.api.errors import stage_error
 from worker.api.generation import collect, events
 from worker.api.schemas import AudioPart, ChatRequest, TextPart
 from worker.api.voices import resolve_voice
@@ -218,7 +219,7 @@ async def _stream(
         done = True
     except StageFailed as exc:
         # The status line is long gone: the SDKs raise on an SSE "error" payload.
-        yield _sse(error_body(503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}"))
+        yield _sse(error_body(*stage_error(exc)))
         done = True
     finally:
         if not done:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet.errors import ErrorCode, OmniError, error_bytes
-from worker.engine import StageFailed
+from worker.engine import RequestInvalid, StageFailed
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,14 @@ def from_pydantic(exc: ValidationError) -> OmniError:
     return validation_error(exc.errors(include_url=False))
 
 
+def stage_error(exc: StageFailed) -> tuple[int, ErrorCode, str]:
+    """Status, code and message for a failure raised out of the pipeline: the client's fault
+    (``RequestInvalid``, 400) or the worker's (503)."""
+    if isinstance(exc, RequestInvalid):
+        return 400, ErrorCode.INVALID_REQUEST, str(exc)
+    return 503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}"
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(OmniError)
     async def _omni(_: Request, exc: OmniError) -> Response:
@@ -75,7 +83,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StageFailed)
     async def _stage(_: Request, exc: StageFailed) -> Response:
-        return error_response(503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}")
+        return error_response(*stage_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:

@@ -22,6 +22,7 @@ from worker.api.common import (
     session_of,
     until_disconnect,
 )
+from worker.api.errors import stage_error
 from worker.api.generation import collect, events
 from worker.api.schemas import SpeechRequest
 from worker.api.voices import resolve_voice
@@ -119,7 +120,7 @@ async def _sse_stream(service: WorkerService, gen: GenerationRequest, ticket: Ti
         yield b"data: " + orjson.dumps({"type": "speech.audio.done", "usage": usage}) + b"\n\n"
         done = True
     except StageFailed as exc:
-        payload = error_body(503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}")
+        payload = error_body(*stage_error(exc))
         yield b"data: " + orjson.dumps(payload) + b"\n\n"
         done = True
     finally:
