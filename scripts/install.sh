@@ -13,6 +13,8 @@ apt_install() {
   $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"
 }
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+# tests/test_dashboard.py drives Debian's headless Chromium (no browser download)
+command -v chromium >/dev/null 2>&1 || apt_install chromium
 
 python3 -m pip install -q torch==2.13.0   # CPU wheel; an unpinned torch would pull a CUDA build
 python3 -m pip install -q -e ".[dev]"
