@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -109,10 +110,11 @@ CHOOSERS: dict[Policy, Chooser] = {
 def over_bound(
     worker: WorkerState, workers: Sequence[WorkerState], stage_class: str, bound: float
 ) -> bool:
-    """Bounded load: is ``worker`` above ``bound`` x the mean load of ``workers``, counting the
-    request about to be placed?"""
+    """Bounded load (consistent hashing with bounded loads, Mirrokni et al.): is ``worker``,
+    with the request about to be placed, above ``ceil(bound x mean)`` requests? The ceiling
+    gives integer slack, so that at low load one extra request never moves a session."""
     if len(workers) < 2:
         return False
-    scores = [load_score(w, stage_class) + 1 / w.capacity for w in workers]
-    mine = load_score(worker, stage_class) + 1 / worker.capacity
-    return mine > bound * sum(scores) / len(scores)
+    mean = (sum(load_score(w, stage_class) for w in workers) + 1 / worker.capacity) / len(workers)
+    mine = load_score(worker, stage_class) * worker.capacity + 1
+    return mine > math.ceil(bound * mean * worker.capacity - 1e-9)

@@ -114,6 +114,19 @@ def test_bounded_load() -> None:
     assert not over_bound(ws[1], ws, "text", 1.25)
     idle = [worker("x"), worker("y")]
     assert not over_bound(idle[0], idle, "text", 1.25)
+    # low load: one request ahead of an idle peer is within the integer slack, two are not
+    assert not over_bound(
+        worker("p", 1, capacity=64),
+        [worker("p", 1, capacity=64), worker("q", 0, capacity=64)],
+        "text",
+        1.25,
+    )
+    assert over_bound(
+        worker("p", 3, capacity=64),
+        [worker("p", 3, capacity=64), worker("q", 0, capacity=64)],
+        "text",
+        1.25,
+    )
 
 
 def test_health_thresholds_and_breaker() -> None:
