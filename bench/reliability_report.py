@@ -65,7 +65,7 @@ def row_for_pytest(fleet: Fleet, name: str, path: str) -> dict:
     fixtures.SHARED = fleet
     before = counters(fleet)
     started = time.monotonic()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", path])
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:timeout", path])
     delta = counters(fleet) - before
     routed = sum(v for k, v in delta.items() if k.startswith("router"))
     ok = sum(v for k, v in delta.items() if k == "router 2xx")

@@ -51,7 +51,17 @@ _METHODS = {
 class Dispatch:
     """One request on its way to a worker (kept for retries)."""
 
-    __slots__ = ("attempt", "body", "c", "deadline", "head_tail", "reqline", "rid_line", "tried")
+    __slots__ = (
+        "attempt",
+        "body",
+        "c",
+        "deadline",
+        "head_tail",
+        "reqline",
+        "retryable",
+        "rid_line",
+        "tried",
+    )
 
     def __init__(
         self, c: Classified, reqline: bytes, head_tail: bytes, body: bytes, rid_line: bytes
@@ -64,6 +74,7 @@ class Dispatch:
         self.attempt = 0
         self.deadline = 0.0
         self.tried: set[str] = set()
+        self.retryable = True  # the whole body is here (not a streamed upload): can be resent
 
 
 class Router:
@@ -170,6 +181,7 @@ class Router:
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         fwd += (rid_line, self.worker_token_line, b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
+        d.retryable = req.body is not None
         if c.session_key is None:
             self.metrics.affinity["none"] += 1
             self.metrics.policy["chosen"] += 1
@@ -231,6 +243,7 @@ class Router:
         worker.requests += 1
         client.worker = worker
         client.upstream = conn
+        client.dispatch = d
         client.extra_headers = d.rid_line + worker.id_line
         conn.send(client, d.reqline + worker.host_line + d.head_tail + d.body)
         if client.uploading or client.upload_ended:
@@ -338,6 +351,29 @@ class Router:
             err = OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
         client.upstream = None
         self._fail(client, err, extra=client.extra_headers)
+
+    def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None:
+        """The worker answered 503 ``draining``: it refused the request before doing anything
+        (it began draining after it was chosen), so the request goes to another worker."""
+        worker = client.worker
+        d = client.dispatch
+        self.active.discard(client)
+        client.upstream = None
+        if worker is not None:
+            worker.in_flight -= 1
+            d.tried.add(worker.id)  # type: ignore[union-attr]
+        nxt = self._retry_target(d)  # type: ignore[arg-type]
+        if nxt is None:
+            self.in_flight -= 1
+            self._fail(
+                client,
+                OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining"),
+                retry_after=True,
+                extra=client.extra_headers,
+            )
+            return
+        self.metrics.policy["retried"] += 1
+        self._send(client, nxt, d)  # type: ignore[arg-type]
 
     def exchange_aborted(self, client: ClientConnection) -> None:
         """The client went away mid-exchange."""

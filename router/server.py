@@ -18,7 +18,7 @@ from router.http.wire import error_response
 STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
 
 if TYPE_CHECKING:
-    from router.app import Router
+    from router.app import Dispatch, Router
     from router.http.proxy import Upstream
     from router.view import WorkerState
 
@@ -53,6 +53,7 @@ class ClientConnection(asyncio.Protocol):
         "body_size",
         "busy",
         "closed",
+        "dispatch",
         "extra_headers",
         "head_only",
         "headers",
@@ -103,6 +104,7 @@ class ClientConnection(asyncio.Protocol):
         self.extra_headers = b""
         self.upstream: Upstream | None = None
         self.worker: WorkerState | None = None
+        self.dispatch: Dispatch | None = None  # the current request, as sent (for a resend)
         self.route = "other"
         self.started = 0.0
         self.tunnel: asyncio.Transport | None = None
@@ -353,3 +355,6 @@ class ClientConnection(asyncio.Protocol):
 
     def upstream_failed(self, conn: Upstream, reason: str) -> None:
         self.router.exchange_failed(self, conn, reason)
+
+    def upstream_refused(self, conn: Upstream) -> None:
+        self.router.exchange_refused(self, conn)

@@ -61,7 +61,9 @@ def test_chat_plain_and_streamed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
 
 
 def test_chat_with_audio_output(sdk: openai.OpenAI) -> None:
+    # one session: both calls on one worker, so the streamed audio must equal the whole one
     kwargs = dict(
+        extra_headers={"x-session-id": "sdk-audio"},
         model=MODEL,
         modalities=["text", "audio"],
         max_tokens=8,

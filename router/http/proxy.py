@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
@@ -34,9 +34,11 @@ class Downstream(Protocol):
     head_only: bool
     extra_headers: bytes  # ready-made lines: request id, worker id
     uploading: bool  # the request body is still streaming to the worker
+    dispatch: Any  # the request as sent; ``.retryable`` when it can be sent again
 
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
+    def upstream_refused(self, conn: Upstream) -> None: ...
 
 
 class Upstream(asyncio.Protocol):
@@ -53,6 +55,7 @@ class Upstream(asyncio.Protocol):
         "parser",
         "paused",
         "pool",
+        "refused",
         "sent_at",
         "sock",
         "sse",
@@ -82,6 +85,7 @@ class Upstream(asyncio.Protocol):
         self.last_activity = 0.0
         self.fail_reason = ""
         self.paused = False  # reading paused for a slow client
+        self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -111,6 +115,11 @@ class Upstream(asyncio.Protocol):
             self.pool.discard(self)
             return
         self.client = None
+        if self.refused:
+            self.refused = False
+            self.state = IDLE
+            client.upstream_refused(self)
+            return
         if self.state == WAITING:
             self.state = IDLE
             client.upstream_failed(self, self.fail_reason or "worker closed the connection")
@@ -195,6 +204,10 @@ class Upstream(asyncio.Protocol):
             return
         status = self.parser.get_status_code()
         self.status = status
+        if status == 503 and _refused_by_draining(self.headers, client):
+            self.refused = True
+            self.state = BODY
+            return
         parts = [status_line(status)]
         length: bytes | None = None
         chunked_in = sse = False
@@ -237,7 +250,7 @@ class Upstream(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         client = self.client
-        if client is None:
+        if client is None or self.refused:
             return
         self.last_activity = time.monotonic()
         if self.chunked_out:
@@ -258,6 +271,12 @@ class Upstream(asyncio.Protocol):
         # it: the remainder would be parsed as the next request on a pooled connection
         keep = self.parser.should_keep_alive() and not client.uploading
         self.client = None
+        if self.refused:  # the worker is draining: no point in pooling its connection
+            self.refused = False
+            self.state = IDLE
+            self.close()
+            client.upstream_refused(self)
+            return
         self._finish(client)
         if keep and not self.closed:
             self.resume_reading()  # paused mid-feed by a slow client: pooled links must read
@@ -274,3 +293,12 @@ class Upstream(asyncio.Protocol):
         if tail:
             client.transport.write(tail)
         client.upstream_done(self, self.status, None)
+
+
+def _refused_by_draining(headers: list[tuple[bytes, bytes]], client: Downstream) -> bool:
+    """A worker that began draining after it was chosen refuses with 503 ``draining`` before it
+    does anything: the request can go elsewhere, if the router still holds all of it."""
+    dispatch = client.dispatch
+    if dispatch is None or not dispatch.retryable:
+        return False
+    return any(n.lower() == b"x-omni-error-code" and v == b"draining" for n, v in headers)
