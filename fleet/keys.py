@@ -34,6 +34,11 @@ class FleetKeys:
         """JSON ``LoadReport``; expires with the heartbeat TTL."""
         return f"{self.prefix}load:{worker_id}"
 
+    def plan(self, digest: str) -> str:
+        """A launch plan's JSON, stored once per digest (identical workers share it) and kept
+        out of the worker record, which every router reads every resync."""
+        return f"{self.prefix}plan:{digest}"
+
     def affinity(self, session_key: str) -> str:
         """Session key -> worker id, with a sliding TTL."""
         return f"{self.prefix}affinity:{session_key}"

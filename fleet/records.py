@@ -55,7 +55,9 @@ class WorkerRecord(BaseModel):
     capacity: int = Field(64, ge=1, description="max concurrent requests the worker admits")
     status: WorkerStatus = WorkerStatus.STARTING
     plan_digest: str = ""
-    plan: dict | None = None  # the launch plan, for dashboards (omni-plan JSON)
+    # The launch plan (omni-plan JSON), for dashboards. Never part of the record's JSON: the
+    # store keeps it under its digest (FleetStore.plans), so resyncs stay small.
+    plan: dict | None = Field(None, exclude=True)
     started_at: float = Field(default_factory=time.time)
     version: str = "0.1.0"
 

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
 import redis.asyncio as aioredis
 
 from fleet.keys import FleetKeys
@@ -19,6 +20,9 @@ from fleet.redis_url import (
     parse_sentinel_url,
     sentinel_client,
 )
+
+# A plan outlives its workers' records by a day, refreshed by their heartbeats.
+PLAN_TTL_MS = 24 * 3600 * 1000
 
 # Returns the binding in place after the call: the existing one, or ARGV[1] if none existed.
 _BIND_IF_ABSENT = """
@@ -103,16 +107,26 @@ class FleetStore:
     # -- worker side -------------------------------------------------------------------------
 
     async def write_record(self, record: WorkerRecord, ttl_ms: int) -> None:
-        """Create or replace the record, keep it alive for ``ttl_ms``, and index it."""
+        """Create or replace the record, keep it alive for ``ttl_ms``, and index it; its plan
+        goes under the plan's digest."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.worker(record.id), record.model_dump_json(), px=ttl_ms)
             pipe.sadd(self.keys.workers, record.id)
+            if record.plan is not None and record.plan_digest:
+                pipe.set(
+                    self.keys.plan(record.plan_digest), orjson.dumps(record.plan), px=PLAN_TTL_MS
+                )
             await pipe.execute()
 
     async def heartbeat(self, record: WorkerRecord, ttl_ms: int) -> bool:
-        """Extend the record's TTL. Returns False if the record was gone and had to be rewritten
-        (it expired, or Redis restarted empty); the caller then announces itself again."""
-        alive = await self.redis.pexpire(self.keys.worker(record.id), ttl_ms)
+        """Extend the record's TTL (and its plan's). Returns False if the record was gone and
+        had to be rewritten (it expired, or Redis restarted empty); the caller then announces
+        itself again."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.pexpire(self.keys.worker(record.id), ttl_ms)
+            if record.plan_digest:
+                pipe.pexpire(self.keys.plan(record.plan_digest), PLAN_TTL_MS)
+            alive = (await pipe.execute())[0]
         if alive:
             return True
         await self.write_record(record, ttl_ms)
@@ -177,6 +191,13 @@ class FleetStore:
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+
+    async def plans(self, digests: list[str]) -> dict[str, dict]:
+        """Launch plans by digest (those still stored)."""
+        if not digests:
+            return {}
+        raw = await self.redis.mget([self.keys.plan(d) for d in digests])
+        return {d: orjson.loads(r) for d, r in zip(digests, raw, strict=True) if r is not None}
 
     async def lookup_session(self, session_key: str, ttl_ms: int) -> str | None:
         """The worker bound to a session, sliding its TTL."""

@@ -42,6 +42,7 @@ class Dashboard:
         self._affinity: dict = {"bindings": None, "by_worker": {}, "capped": False, "moves": None}
         self._affinity_at = 0.0
         self._refreshing: asyncio.Task | None = None
+        self._plans: dict[str, dict] = {}  # by digest: content-addressed, never stale
 
     def handle(self, client: ClientConnection, req: Request, path: bytes) -> None:
         """A GET under ``/dashboard``."""
@@ -83,8 +84,9 @@ class Dashboard:
             w["endpoints"] = [e.value for e in record.capabilities.endpoints]
             w["plan_digest"] = record.plan_digest
             w["bindings"] = by_worker.get(w["id"], 0)
-            if record.plan is not None and record.plan_digest not in have_plans:
-                plans[record.plan_digest] = record.plan
+            plan = self._plans.get(record.plan_digest)
+            if plan is not None and record.plan_digest not in have_plans:
+                plans[record.plan_digest] = plan
         m = router.metrics
         routes = [r for r in m.hist if r not in _HIDDEN_ROUTES]
         doc["plans"] = plans
@@ -115,8 +117,8 @@ class Dashboard:
         return doc
 
     def _refresh_affinity_soon(self) -> None:
-        """Bindings and moves live in Redis: read them in the background, seldom, one at a
-        time, so a dashboard never holds up the request path or hammers Redis."""
+        """Bindings, moves and plans live in Redis: read them in the background, seldom, one
+        at a time, so a dashboard never holds up the request path or hammers Redis."""
         disc = self.router.discovery
         if disc is None or not disc.up:
             return
@@ -132,6 +134,9 @@ class Dashboard:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             by_worker, counted = await disc.store.session_bindings(_BINDINGS_LIMIT)
             moves = await disc.store.affinity_moves()
+            digests = {w.record.plan_digest for w in self.router.view.workers.values()}
+            missing = sorted(d for d in digests if d and d not in self._plans)
+            self._plans.update(await disc.store.plans(missing))
             self._affinity = {
                 "bindings": counted,
                 "by_worker": by_worker,

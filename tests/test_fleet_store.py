@@ -108,3 +108,18 @@ def test_error_body_is_openai_shaped() -> None:
 def test_redis_password_is_redacted() -> None:
     assert redacted_url("redis://:hunter2@h:6379/0") == "redis://***@h:6379/0"
     assert "hunter2" not in redacted_url("rediss://user:hunter2@h:6379")
+
+
+async def test_plan_is_stored_once_by_digest_not_in_the_record(store: FleetStore) -> None:
+    plan = {"spec": "tiny", "fits": True}
+    for worker_id in ("w1", "w2"):  # two identical workers share one stored plan
+        rec = record(worker_id).model_copy(update={"plan_digest": "abc", "plan": plan})
+        await store.write_record(rec, ttl_ms=1000)
+    raw = await store.redis.get(store.keys.worker("w1"))
+    assert b'"plan"' not in raw and b'"plan_digest":"abc"' in raw
+    assert await store.plans(["abc", "missing"]) == {"abc": plan}
+    assert len(await store.redis.keys(store.keys.plan("*"))) == 1
+    # Redis restarted empty: the heartbeat's rewrite brings the plan back too
+    await store.redis.flushall()
+    assert await store.heartbeat(rec, ttl_ms=1000) is False
+    assert await store.plans(["abc"]) == {"abc": plan}
