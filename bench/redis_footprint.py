@@ -111,7 +111,12 @@ async def main(workers: int, sessions: int) -> None:
         )
         print(
             f"worker record   : {sync.memory_usage(store.keys.worker(some))} B "
-            f"(JSON {len(sync.get(store.keys.worker(some)))} B, plan included)"
+            f"(JSON {len(sync.get(store.keys.worker(some)))} B)"
+        )
+        digest = PLAN.digest()
+        print(
+            f"launch plan     : {sync.memory_usage(store.keys.plan(digest))} B "
+            f"(JSON {len(sync.get(store.keys.plan(digest)))} B, once per distinct plan)"
         )
         print(
             f"load report     : {sync.memory_usage(store.keys.load(some))} B "
