@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import orjson
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from fleet.keys import FleetKeys
 from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
@@ -167,8 +168,12 @@ class FleetStore:
             if raw_record is None:
                 expired.append(worker_id)
                 continue
-            load = LoadReport.model_validate_json(raw_load) if raw_load else None
-            views[worker_id] = WorkerView(WorkerRecord.model_validate_json(raw_record), load)
+            try:
+                record = WorkerRecord.model_validate_json(raw_record)
+                load = LoadReport.model_validate_json(raw_load) if raw_load else None
+            except ValidationError:
+                continue  # one unreadable record (a stray writer) must not hide the others
+            views[worker_id] = WorkerView(record, load)
         if expired:
             await self.redis.srem(self.keys.workers, *expired)
         return views

@@ -158,6 +158,10 @@ def test_router_refuses_worker_records_with_dangerous_urls(omni_fleet: Fleet) ->
             client.sadd(KEYS.workers, wid)
             event = FleetEvent(kind=EventKind.DRAINING, worker_id=wid)
             client.publish(KEYS.events, event.model_dump_json())
+        # and one record no router can read: it must not hide the others (nor look like an
+        # unreachable Redis)
+        client.set(KEYS.worker("garbage"), b'{"id": 5, "url": ["x"]}', px=20_000)
+        client.sadd(KEYS.workers, "garbage")
         for r in omni_fleet.routers:
             wait_until(
                 lambda r=r: "control" in {w["id"] for w in omni_fleet.diagnostics(r)["workers"]},
@@ -168,8 +172,9 @@ def test_router_refuses_worker_records_with_dangerous_urls(omni_fleet: Fleet) ->
             listed = {w["id"]: w["url"] for w in omni_fleet.diagnostics(r)["workers"]}
             assert not {k for k in listed if k.startswith("evil-")}, listed
             assert "refusing worker evil-imds" in r.output()
+            assert httpx.get(r.url + "/ready", timeout=5).json()["redis"] == "ok"
     finally:
-        for wid in planted:
+        for wid in [*planted, "garbage"]:
             client.delete(KEYS.worker(wid))
             client.srem(KEYS.workers, wid)
             client.publish(
