@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from tests.reliability.fleet import MODEL, Fleet
 
-pytestmark = pytest.mark.slow
+# the first test on the live fleet also waits for it to start (minutes on a busy machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 FUZZ = settings(
     max_examples=250,
     deadline=None,

@@ -14,7 +14,8 @@ import soundfile as sf
 
 from tests.reliability.fleet import MODEL, Fleet
 
-pytestmark = pytest.mark.slow
+# the first test on the live fleet also waits for it to start (minutes on a busy machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 VOICE = "chelsie"
 
 

@@ -5,8 +5,8 @@ Rule (docs/reliability.md): every ``curl`` command inside a fenced ```bash / ```
 preceded by a ``<!-- not-tested: reason -->`` line. The router address in the examples
 (``localhost`` or ``127.0.0.1`` on port 8000 or 8080, with or without ``http://``, or
 ``$OMNI_URL``) is pointed at the fleet's router; the fleet requires an API key, so each curl
-also carries one (as a client configured with ``OMNI_API_KEY`` would). A command passes when it exits 0 with ``--fail``
-semantics (no HTTP error status) from a scratch directory.
+also carries one (as a client configured with ``OMNI_API_KEY`` would). A command passes when
+it exits 0 with ``--fail`` semantics (no HTTP error status) from a scratch directory.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ COMMANDS = [c for doc in DOCS for c in curl_commands(doc)]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test on the live fleet waits for it to start
 @pytest.mark.skipif(not COMMANDS, reason="no curl examples in README.md or docs/quickstart.md yet")
 @pytest.mark.parametrize("command", [c for _, c in COMMANDS], ids=[i for i, _ in COMMANDS])
 def test_curl_example(command: str, omni_fleet: Fleet, tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from fleet.records import Capabilities, EventKind, FleetEvent, WorkerRecord, Wor
 from router.discovery import url_refusal
 from tests.reliability.fleet import KEYS, MODEL, Fleet, wait_until
 
-pytestmark = pytest.mark.slow
+# the first test on the live fleet also waits for it to start (minutes on a busy machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 

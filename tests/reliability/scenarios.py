@@ -140,7 +140,7 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
     return Result(
         "1 worker SIGKILL",
         s,
-        recovery,
+        round(recovery, 2),
         "killed -> out of every router",
         [f"victim {victim} held {len(mine)} sessions; {len(moved)} re-bound elsewhere"],
     )
@@ -393,6 +393,12 @@ def stage_crashed(fleet: Fleet, seed: int = 7) -> Result:
     load.wait_done(25)
     killed = time.monotonic()
     os.kill(stage_pid, signal.SIGKILL)
+    noticed = _time_until(
+        lambda: httpx.get(w.url + "/ready", timeout=2).status_code != 200,
+        10,
+        f"{victim} reports itself not ready",
+        killed,
+    )
     recovery = _time_until(
         lambda: (
             httpx.get(w.url + "/ready", timeout=2).status_code == 200
@@ -425,5 +431,5 @@ def stage_crashed(fleet: Fleet, seed: int = 7) -> Result:
         s,
         round(recovery, 2),
         "stage killed -> worker routable",
-        [f"talker process of {victim} SIGKILLed"],
+        [f"talker process of {victim} SIGKILLed; not ready after {noticed:.2f}s"],
     )

@@ -14,7 +14,8 @@ import pytest
 
 from tests.reliability.fleet import MODEL, Fleet, wait_until
 
-pytestmark = pytest.mark.slow
+# the first test on the live fleet also waits for it to start (minutes on a busy machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
 
