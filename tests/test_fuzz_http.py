@@ -24,6 +24,7 @@ FUZZ = settings(
     max_examples=250,
     deadline=None,
     derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -210,7 +211,7 @@ def test_fuzz_worker(clients) -> None:
     fleet.wait_idle(20)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(
     head=st.one_of(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -70,6 +71,7 @@ COMMANDS = [c for doc in DOCS for c in curl_commands(doc)]
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first test on the live fleet waits for it to start
 @pytest.mark.skipif(not COMMANDS, reason="no curl examples in README.md or docs/quickstart.md yet")
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 @pytest.mark.parametrize("command", [c for _, c in COMMANDS], ids=[i for i, _ in COMMANDS])
 def test_curl_example(command: str, omni_fleet: Fleet, tmp_path: Path) -> None:
     url = omni_fleet.routers[0].url
