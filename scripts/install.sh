@@ -15,6 +15,8 @@ apt_install() {
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 # tests/test_dashboard.py drives Debian's headless Chromium (no browser download)
 command -v chromium >/dev/null 2>&1 || apt_install chromium
+# tests/test_readme_examples.py runs the README's curl lines
+command -v curl >/dev/null 2>&1 || apt_install curl
 
 python3 -m pip install -q torch==2.13.0   # CPU wheel; an unpinned torch would pull a CUDA build
 python3 -m pip install -q -e ".[dev]"
