@@ -91,25 +91,69 @@ def _credentials(creds: str, shown: str) -> tuple[str | None, str | None]:
     return unquote(user) or None, unquote(secret) or None
 
 
-def parse_sentinel_url(url: str) -> SentinelURL:
-    """Parse a Sentinel URL; every mistake raises ``ValueError`` naming the part at fault.
+@dataclass(frozen=True, slots=True)
+class _MultiHostURL:
+    """The parts that Sentinel and Cluster URLs share."""
 
-    Error messages never repeat the password: the URL is quoted with credentials removed."""
+    shown: str  # the URL with its credentials removed, for error messages
+    hosts: tuple[tuple[str, int], ...]
+    path: str
+    options: dict[str, str]
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def _split_multi_host(
+    url: str,
+    schemes: tuple[str, ...],
+    kind: str,
+    what: tuple[str, str],  # a host's name, singular and plural
+    port: int,
+    known: tuple[str, ...],
+) -> _MultiHostURL:
+    """``scheme://[creds@]host[:port],.../path?query``; every mistake raises ``ValueError``
+    naming the part at fault, and never repeats the password."""
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
-        raise ValueError(f"not a Sentinel URL (schemes: {', '.join(SENTINEL_SCHEMES)})")
+    if not sep or scheme.lower() not in schemes:
+        raise ValueError(f"not a {kind} URL (schemes: {', '.join(schemes)})")
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
     creds, at, hosts = netloc.rpartition("@")
     shown = f"{scheme}://{'***@' if at else ''}{hosts}/{path}"
-
     username, password = _credentials(creds, shown) if at else (None, None)
-
     if not hosts:
-        raise ValueError(f"no sentinel hosts in {shown!r}")
-    sentinels = tuple(_host_port(h.strip(), shown) for h in hosts.split(","))
+        raise ValueError(f"no {what[1]} in {shown!r}")
+    options: dict[str, str] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name not in known:
+            raise ValueError(f"unknown option {name!r} in {kind} URL; known: {', '.join(known)}")
+        options[name] = values[-1]
+    return _MultiHostURL(
+        shown=shown,
+        hosts=tuple(_host_port(h.strip(), shown, port, what[0]) for h in hosts.split(",")),
+        path=path,
+        options=options,
+        username=username,
+        password=password,
+        ssl=scheme.lower().startswith("rediss"),
+    )
 
-    parts = [p for p in path.split("/") if p]
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse a Sentinel URL; every mistake raises ``ValueError`` naming the part at fault.
+
+    Error messages never repeat the password: the URL is quoted with credentials removed."""
+    u = _split_multi_host(
+        url,
+        SENTINEL_SCHEMES,
+        "Sentinel",
+        ("sentinel", "sentinel hosts"),
+        DEFAULT_SENTINEL_PORT,
+        _SENTINEL_QUERY,
+    )
+    shown = u.shown
+    parts = [p for p in u.path.split("/") if p]
     if not parts:
         raise ValueError(f"no service name in {shown!r}: expected .../<service_name>[/<db>]")
     if len(parts) > 2:
@@ -120,23 +164,15 @@ def parse_sentinel_url(url: str) -> SentinelURL:
             raise ValueError(f"db must be a number, got {parts[1]!r} in {shown!r}")
         db = int(parts[1])
 
-    options: dict[str, str] = {}
-    for name, values in parse_qs(query, keep_blank_values=True).items():
-        if name not in _SENTINEL_QUERY:
-            raise ValueError(
-                f"unknown option {name!r} in Sentinel URL; known: {', '.join(_SENTINEL_QUERY)}"
-            )
-        options[name] = values[-1]
-
     return SentinelURL(
-        sentinels=sentinels,
+        sentinels=u.hosts,
         service_name=unquote(parts[0]),
         db=db,
-        username=username,
-        password=password,
-        sentinel_username=options.get("sentinel_username") or None,
-        sentinel_password=options.get("sentinel_password") or None,
-        ssl=scheme.lower().startswith("rediss"),
+        username=u.username,
+        password=u.password,
+        sentinel_username=u.options.get("sentinel_username") or None,
+        sentinel_password=u.options.get("sentinel_password") or None,
+        ssl=u.ssl,
     )
 
 
@@ -195,34 +231,22 @@ class ClusterURL:
 
 def parse_cluster_url(url: str) -> ClusterURL:
     """Parse a Cluster URL; mistakes raise ``ValueError`` without repeating the password."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
-        raise ValueError(f"not a Cluster URL (schemes: {', '.join(CLUSTER_SCHEMES)})")
-    rest, _, query = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    creds, at, hosts = netloc.rpartition("@")
-    shown = f"{scheme}://{'***@' if at else ''}{hosts}/{path}"
-    username, password = _credentials(creds, shown) if at else (None, None)
-    if not hosts:
-        raise ValueError(f"no cluster nodes in {shown!r}")
-    nodes = tuple(
-        _host_port(h.strip(), shown, DEFAULT_REDIS_PORT, "cluster node") for h in hosts.split(",")
+    u = _split_multi_host(
+        url,
+        CLUSTER_SCHEMES,
+        "Cluster",
+        ("cluster node", "cluster nodes"),
+        DEFAULT_REDIS_PORT,
+        _CLUSTER_QUERY,
     )
-    if path.strip("/") not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has only db 0, got {path!r} in {shown!r}")
-    options = []
-    for name, values in parse_qs(query, keep_blank_values=True).items():
-        if name not in _CLUSTER_QUERY:
-            raise ValueError(
-                f"unknown option {name!r} in Cluster URL; known: {', '.join(_CLUSTER_QUERY)}"
-            )
-        options.append((name, values[-1]))
+    if u.path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only db 0, got {u.path!r} in {u.shown!r}")
     return ClusterURL(
-        nodes=nodes,
-        username=username,
-        password=password,
-        ssl=scheme.lower().startswith("rediss"),
-        options=tuple(options),
+        nodes=u.hosts,
+        username=u.username,
+        password=u.password,
+        ssl=u.ssl,
+        options=tuple(u.options.items()),
     )
 
 
