@@ -17,25 +17,10 @@ from pathlib import Path
 
 from fleet.redis_server import free_port
 from router.local_fleet import READY_LINE
+from tests.worker_procs import proc_table
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = float(os.environ.get("OMNI_TEST_READY_TIMEOUT", "400"))
-
-
-def proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, start time in clock ticks, state) for every process."""
-    table: dict[int, tuple[int, int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # the command name may contain spaces or parentheses: split after the last ')'
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (int(fields[1]), int(fields[19]), fields[0])
-    return table
 
 
 def descendants(root: int) -> dict[int, int]:

@@ -19,6 +19,22 @@ REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = float(os.environ.get("OMNI_TEST_READY_TIMEOUT", "180"))
 
 
+def proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, start time in clock ticks, state) for every process."""
+    table: dict[int, tuple[int, int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name may contain spaces or parentheses: split after the last ')'
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), int(fields[19]), fields[0])
+    return table
+
+
 class WorkerProcess:
     """``omni-worker`` in a subprocess; its log goes to a file that failures print."""
 
@@ -92,17 +108,7 @@ class WorkerProcess:
 
     def children(self) -> list[int]:
         """Every descendant process (stage processes and helpers), from /proc."""
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # the command name may contain spaces or parentheses: split after the last ')'
-            fields = stat[stat.rindex(")") + 2 :].split()
-            parents[int(entry.name)] = int(fields[1])
+        parents = {pid: ppid for pid, (ppid, _, _) in proc_table().items()}
         found: list[int] = []
         frontier = [self.pid]
         while frontier:

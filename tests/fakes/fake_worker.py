@@ -220,8 +220,24 @@ class Conn(asyncio.Protocol):
 
     async def sse(self, w) -> None:
         a = self.s.args
+
+        def event(i: int) -> bytes:
+            return b"data: " + orjson.dumps({"worker": a.id, "i": i, "t": time.time()}) + b"\n\n"
+
+        if await self._chunked(w, b"text/event-stream\r\ncache-control: no-cache", event):
+            w(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async def audio(self, w) -> None:
+        a = self.s.args
+        if await self._chunked(w, b"audio/pcm", lambda i: bytes([i % 256]) * a.chunk_bytes):
+            w(b"0\r\n\r\n")
+
+    async def _chunked(self, w, content_type: bytes, body_of) -> bool:
+        """The head and ``args.chunks`` chunks, ``chunk_delay_ms`` apart. False if a
+        ``break_after`` set by the test aborted the connection at that chunk instead."""
+        a = self.s.args
         w(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: " + content_type + b"\r\n"
             b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
         )
         cut, self.s.break_after = self.s.break_after, None
@@ -230,26 +246,9 @@ class Conn(asyncio.Protocol):
                 await asyncio.sleep(a.chunk_delay_ms / 1000)
             if cut is not None and i == cut:
                 self.transport.abort()  # type: ignore[union-attr]
-                return
-            event = {"worker": a.id, "i": i, "t": time.time()}
-            w(chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
-        w(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-
-    async def audio(self, w) -> None:
-        a = self.s.args
-        w(
-            b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\ntransfer-encoding: chunked\r\n"
-            b"connection: keep-alive\r\n\r\n"
-        )
-        cut, self.s.break_after = self.s.break_after, None
-        for i in range(a.chunks):
-            if i:
-                await asyncio.sleep(a.chunk_delay_ms / 1000)
-            if cut is not None and i == cut:
-                self.transport.abort()  # type: ignore[union-attr]
-                return
-            w(chunk(bytes([i % 256]) * a.chunk_bytes))
-        w(b"0\r\n\r\n")
+                return False
+            w(chunk(body_of(i)))
+        return True
 
     async def control(self, what: str, body: bytes) -> bytes:
         s = self.s
