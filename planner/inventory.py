@@ -31,10 +31,6 @@ class Inventory:
     nodes: tuple[Node, ...]
     catalog: Catalog = field(repr=False, compare=False, default_factory=load_catalog)
 
-    @property
-    def gpu_count(self) -> int:
-        return sum(len(n.gpus) for n in self.nodes)
-
     @classmethod
     def cpu_only(cls, node: str | None = None) -> Inventory:
         """A host without GPUs: plans CPU-only specs as one replica."""

@@ -87,19 +87,6 @@ class Provenance:
             lines.append("  (nothing overridden)")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {
-            p: {
-                "value": r.value,
-                "source": r.origin.source,
-                "where": r.origin.where,
-                "overrode": [
-                    {"value": o.value, "source": o.source, "where": o.where} for o in r.overrode
-                ],
-            }
-            for p, r in self.entries.items()
-        }
-
 
 def _show(value: Any) -> str:
     return "null" if value is None else repr(value) if isinstance(value, str) else str(value)

@@ -7,18 +7,10 @@ plan read back from JSON is the same plan.
 from __future__ import annotations
 
 import hashlib
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 PLAN_VERSION = 1
-
-
-class MemoryCategory(StrEnum):
-    WEIGHTS = "weights"
-    KV_CACHE = "kv_cache"
-    ACTIVATIONS = "activations"  # activations + workspace
-    RUNTIME = "runtime"  # CUDA context, allocator slack, graphs
 
 
 class Frozen(BaseModel):

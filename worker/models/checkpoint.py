@@ -149,7 +149,3 @@ def load_component(root: Path, config_dir: str, module: str, dtype: str, device:
     if module:
         model = model.get_submodule(module)
     return model.to(device).eval()
-
-
-def read_config(root: Path, config_dir: str) -> dict[str, Any]:
-    return json.loads(((root / config_dir if config_dir else root) / "config.json").read_text())
