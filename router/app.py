@@ -214,20 +214,26 @@ class Router:
         capable: list[WorkerState],
         open_: list[WorkerState],
     ) -> None:
-        c = d.c
-        worker, outcome = await self.affinity.resolve(
-            c.session_key,
-            capable,
-            open_,
-            self.choose,
-            c.stage_class,  # type: ignore[arg-type]
-        )
-        self.metrics.affinity[outcome.value] += 1
-        self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
+        worker = await self._session_worker(d.c, capable, open_)
         if client.closed:
             self.in_flight -= 1
             return
         self._send(client, worker, d)
+
+    async def _session_worker(
+        self, c: Classified, capable: list[WorkerState], open_: list[WorkerState]
+    ) -> WorkerState:
+        """The worker for a request or WebSocket with a session key (Redis affinity)."""
+        worker, outcome = await self.affinity.resolve(
+            c.session_key,  # type: ignore[arg-type]
+            capable,
+            open_,
+            self.choose,
+            c.stage_class,
+        )
+        self.metrics.affinity[outcome.value] += 1
+        self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
+        return worker
 
     def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
         conn = worker.pool.take()  # type: ignore[union-attr]
@@ -485,12 +491,11 @@ class Router:
     ) -> None:
         c = d.c
         if c.session_key is not None:
-            worker, outcome = await self.affinity.resolve(
-                c.session_key, capable, open_, self.choose, c.stage_class
-            )
+            worker = await self._session_worker(c, capable, open_)
         else:
-            worker, outcome = self.choose(open_, c.stage_class, None), AffinityOutcome.NONE
-        self.metrics.affinity[outcome.value] += 1
+            worker = self.choose(open_, c.stage_class, None)
+            self.metrics.affinity[AffinityOutcome.NONE.value] += 1
+            self.metrics.policy["chosen"] += 1
         loop = asyncio.get_running_loop()
         s = self.settings
         d.deadline = time.monotonic() + s.request_deadline_s
