@@ -188,24 +188,31 @@ class _SentinelMasterRedis(aioredis.Redis):
                 await client.aclose()
 
 
+def _socket_kwargs(connection_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The timeouts that also apply to sentinels and cluster nodes."""
+    return {k: v for k, v in connection_kwargs.items() if k.startswith("socket_")}
+
+
+def _auth_kwargs(username: str | None, password: str | None, ssl: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if password:
+        kwargs["password"] = password
+    if username:
+        kwargs["username"] = username
+    if ssl:
+        kwargs["ssl"] = True
+    return kwargs
+
+
 def sentinel_client(parsed: SentinelURL, **connection_kwargs: Any) -> aioredis.Redis:
     """A client for the current master of ``parsed.service_name``. It asks the sentinels on
     (re)connect, so a failover moves it to the promoted replica without a restart."""
-    socket_kwargs = {k: v for k, v in connection_kwargs.items() if k.startswith("socket_")}
-    sentinel_kwargs: dict[str, Any] = dict(socket_kwargs)
-    if parsed.sentinel_password:
-        sentinel_kwargs["password"] = parsed.sentinel_password
-    if parsed.sentinel_username:
-        sentinel_kwargs["username"] = parsed.sentinel_username
-    if parsed.ssl:
-        sentinel_kwargs["ssl"] = True
-    master_kwargs: dict[str, Any] = dict(connection_kwargs, db=parsed.db)
-    if parsed.password:
-        master_kwargs["password"] = parsed.password
-    if parsed.username:
-        master_kwargs["username"] = parsed.username
-    if parsed.ssl:
-        master_kwargs["ssl"] = True
+    sentinel_kwargs = _socket_kwargs(connection_kwargs) | _auth_kwargs(
+        parsed.sentinel_username, parsed.sentinel_password, parsed.ssl
+    )
+    master_kwargs = dict(connection_kwargs, db=parsed.db) | _auth_kwargs(
+        parsed.username, parsed.password, parsed.ssl
+    )
     sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)
     client = sentinel.master_for(
         parsed.service_name, redis_class=_SentinelMasterRedis, **master_kwargs
@@ -252,13 +259,9 @@ def parse_cluster_url(url: str) -> ClusterURL:
 
 def cluster_client(parsed: ClusterURL, **connection_kwargs: Any) -> RedisCluster:
     """A cluster client that starts from ``parsed.nodes`` and discovers the rest."""
-    kwargs: dict[str, Any] = {
-        k: v for k, v in connection_kwargs.items() if k.startswith("socket_")
-    } | dict(parsed.options)
-    if parsed.password:
-        kwargs["password"] = parsed.password
-    if parsed.username:
-        kwargs["username"] = parsed.username
-    if parsed.ssl:
-        kwargs["ssl"] = True
+    kwargs = (
+        _socket_kwargs(connection_kwargs)
+        | dict(parsed.options)
+        | _auth_kwargs(parsed.username, parsed.password, parsed.ssl)
+    )
     return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.nodes], **kwargs)
