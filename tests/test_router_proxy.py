@@ -171,7 +171,7 @@ def test_load_policy_spreads_by_speed() -> None:
 
 
 def test_admission_limits_answer_429_with_retry_after() -> None:
-    slow = FakeWorker("slow429", "--delay-ms", "600")
+    slow = FakeWorker("slow429", "--delay-ms", "1500")  # long enough to overlap under load
     router = Router("--worker", slow.url, "--max-in-flight", "2", name="router-429")
     capped = Router("--worker", slow.url, "--static-capacity", "1", name="router-cap")
     try:
