@@ -112,15 +112,27 @@ def _submodule(meta: MetaModel, dotted: str, path: Path) -> nn.Module:
         raise SpecError(unknown("module", leaf, children, f"{path} ({meta.builder})")) from None
 
 
-def _tensors(module: nn.Module) -> tuple[dict[int, int], dict[int, int]]:
-    """id -> numel of unique parameters and of unique persistent buffers under ``module``."""
-    params = {id(p): p.numel() for p in module.parameters()}
-    buffers: dict[int, int] = {}
-    for sub in module.modules():
+@dataclass(frozen=True)
+class NamedTensor:
+    names: tuple[str, ...]  # every checkpoint name of one tensor (tied weights have several)
+    numel: int
+    is_param: bool
+
+
+def named_tensors(model: nn.Module) -> list[NamedTensor]:
+    """Every tensor a checkpoint of ``model`` stores: parameters and persistent buffers, each
+    once, with all the names it is reachable under."""
+    names: dict[int, list[str]] = {}
+    tensors: dict[int, tuple[int, bool]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+        tensors[id(p)] = (p.numel(), True)
+    for mod_name, sub in model.named_modules(remove_duplicate=False):
         for name, buf in sub._buffers.items():
             if buf is not None and name not in sub._non_persistent_buffers_set:
-                buffers[id(buf)] = buf.numel()
-    return params, buffers
+                names.setdefault(id(buf), []).append(f"{mod_name}.{name}" if mod_name else name)
+                tensors[id(buf)] = (buf.numel(), False)
+    return [NamedTensor(tuple(dict.fromkeys(names[k])), n, p) for k, (n, p) in tensors.items()]
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,18 +144,21 @@ def _count(key: tuple[str, int, int], module: str, exclude: tuple[str, ...]) -> 
 
 
 def _count_meta(key: tuple[str, int, int], module: str, exclude: tuple[str, ...]) -> WeightCount:
+    from planner.components import owns_tensor
+    from planner.spec import ComponentSpec
+
     path = Path(key[0])
     meta = _meta(key)
-    root = _submodule(meta, module, path)
-    params, buffers = _tensors(root)
+    _submodule(meta, module, path)  # a precise error for a module the model does not have
     for name in exclude:
-        dotted = f"{module}.{name}" if module else name
-        p, b = _tensors(_submodule(meta, dotted, path))
-        for k in p:
-            params.pop(k, None)
-        for k in b:
-            buffers.pop(k, None)
-    return WeightCount(params=sum(params.values()), buffers=sum(buffers.values()))
+        _submodule(meta, f"{module}.{name}" if module else name, path)
+    component = ComponentSpec(module=module, exclude=list(exclude))
+    params = buffers = 0
+    for tensor in named_tensors(meta.model):
+        if owns_tensor(component, tensor.names):
+            params += tensor.numel * tensor.is_param
+            buffers += tensor.numel * (not tensor.is_param)
+    return WeightCount(params=params, buffers=buffers)
 
 
 def count_weights(path: Path, module: str = "", exclude: tuple[str, ...] = ()) -> WeightCount:
