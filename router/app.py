@@ -25,6 +25,7 @@ from router.affinity import Affinity
 from router.classify import Classified, check_session_key, classify_json, route_of
 from router.dashboard import Dashboard
 from router.discovery import Discovery
+from router.errors import RouterErrorCode
 from router.http.client import http_get
 from router.http.proxy import BODY, WAITING, Upstream
 from router.http.tunnel import Tunnel
@@ -32,12 +33,14 @@ from router.http.wire import DROP_REQUEST, error_response, json_response, simple
 from router.metrics import AffinityOutcome, Metrics
 from router.policies import CHOOSERS
 from router.probes import Prober
+from router.resources import connection_cap, fd_limit, is_exhaustion, raise_fd_limit
 from router.server import ClientConnection, Request
 from router.settings import RouterSettings
 from router.view import FleetView, WorkerState
 
 log = logging.getLogger("omni.router")
 _SWEEP_S = 0.25
+_IDLE_SWEEP_EVERY = 4  # idle client connections are looked at every 4th sweep (1 s)
 _NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 _METHODS = {
     Endpoint.CHAT: frozenset({b"POST"}),
@@ -107,6 +110,7 @@ class Router:
         self.ws_sessions = 0
         self.active: set[ClientConnection] = set()
         self.clients: set[ClientConnection] = set()  # every open client connection
+        self.max_clients = connection_cap(settings.max_connections, settings.fd_reserve, fd_limit())
         self.tasks: set[asyncio.Task] = set()
         self.started_at = time.time()
         self.stopping = False
@@ -270,6 +274,9 @@ class Router:
                     Upstream, min(s.connect_timeout_s, max(0.001, d.deadline - time.monotonic()))
                 )
             except (OSError, TimeoutError) as exc:
+                if is_exhaustion(exc):  # the router's own fault: no worker is to blame
+                    self._exhausted(client, exc)
+                    return
                 # nothing of the request was sent: safe to try another worker
                 self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
                 d.tried.add(worker.id)
@@ -307,6 +314,21 @@ class Router:
                 return
             self._attach(client, worker, conn, d)
             return
+
+    def _exhausted(self, client: ClientConnection, exc: BaseException) -> None:
+        """The router could not open a worker connection for want of its own resources."""
+        self.in_flight -= 1
+        self.metrics.resource_errors += 1
+        log.warning("router out of resources, request refused: %s", exc)
+        self._fail(
+            client,
+            OmniError(
+                503,
+                RouterErrorCode.ROUTER_EXHAUSTED,  # type: ignore[arg-type]
+                "the router is out of connections; retry shortly",
+            ),
+            retry_after=True,
+        )
 
     def _retry_target(self, d: Dispatch) -> WorkerState | None:
         try:
@@ -524,6 +546,9 @@ class Router:
                     s.connect_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:
+                if is_exhaustion(exc):
+                    self._exhausted(client, exc)
+                    return
                 self._transport_failure(worker, f"connect: {exc}")
                 d.tried.add(worker.id)
                 d.attempt += 1
@@ -687,6 +712,8 @@ class Router:
             "workers_draining": sum(1 for w in workers if w.record.status.value == "draining"),
             "workers_circuit_open": sum(1 for w in workers if w.health.breaker.value != "closed"),
             "redis_up": 1 if self.discovery is not None and self.discovery.up else 0,
+            "client_connections": len(self.clients),
+            "client_connections_limit": self.max_clients,
         }
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -699,7 +726,7 @@ class Router:
     async def _sweep(self) -> None:
         """Headers and idle-between-chunks timeouts, checked for every exchange at once."""
         s = self.settings
-        while True:
+        for tick in itertools.count():
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
             for client in list(self.active):
@@ -710,19 +737,29 @@ class Router:
                     conn.abort(f"timeout: no response headers within {s.headers_timeout_s:g}s")
                 elif conn.state == BODY and now - conn.last_activity > s.idle_timeout_s:
                     conn.abort(f"timeout: worker sent nothing for {s.idle_timeout_s:g}s")
-            # slow clients (slowloris): a request that stopped arriving, while we were reading
+            # slow clients (slowloris): a request that stopped arriving, while we were reading;
+            # idle ones: no request under way (never started, or kept alive after one)
+            idle_too = tick % _IDLE_SWEEP_EVERY == 0
             for client in list(self.clients):
-                if not client.in_request or client.closed or client.tunnel is not None:
+                if client.closed or client.tunnel is not None or client.ws_pending is not None:
                     continue
-                if client.rx != client.rx_seen or not client.transport.is_reading():
-                    client.rx_seen = client.rx
-                    client.stall_at = now
-                elif now - client.stall_at > s.client_timeout_s:
-                    client.stalled(s.client_timeout_s)
+                if client.in_request:
+                    if client.rx != client.rx_seen or not client.transport.is_reading():
+                        client.rx_seen = client.rx
+                        client.stall_at = now
+                    elif now - client.stall_at > s.client_timeout_s:
+                        client.stalled(s.client_timeout_s)
+                elif idle_too and not client.busy:
+                    if client.rx != client.rx_seen:  # finish() resets rx_seen: clock restarts
+                        client.rx_seen = client.rx
+                        client.stall_at = now
+                    elif now - client.stall_at > s.client_idle_timeout_s:
+                        client.idle_out()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
+        self.max_clients = connection_cap(s.max_connections, s.fd_reserve, raise_fd_limit())
         background = [self._sweep(), self.prober.run()]
         if self.discovery is not None:
             background.append(self.discovery.run())

@@ -20,8 +20,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from fleet.errors import ErrorCode
 from fleet.records import Endpoint
+from router.errors import ALL_CODES, Code
 
 ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
@@ -51,7 +51,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 class Metrics:
     def __init__(self) -> None:
         self.requests = {(r, s): 0 for r in ROUTES for s in STATUS_CLASSES}
-        self.errors = {(r, c.value): 0 for r in ROUTES for c in ErrorCode}
+        self.errors = {(r, c.value): 0 for r in ROUTES for c in ALL_CODES}
         self.policy = {o.value: 0 for o in PolicyOutcome}
         self.affinity = {o.value: 0 for o in AffinityOutcome}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
@@ -59,6 +59,9 @@ class Metrics:
         self.redis_reconnects = 0
         self.health_transitions = 0
         self.probes_failed = 0
+        self.connections_refused = 0  # over the connection cap
+        self.idle_closed = 0  # client connections closed for idling
+        self.resource_errors = 0  # the router's own EMFILE/ENOBUFS: never blamed on a worker
         self.gauges: Callable[[], dict[str, float]] = dict
 
     def request(self, route: str, status: int, seconds: float) -> None:
@@ -66,7 +69,7 @@ class Metrics:
         self.hist[route][bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[route] += seconds
 
-    def error(self, route: str, code: ErrorCode) -> None:
+    def error(self, route: str, code: Code) -> None:
         self.errors[route, code.value] += 1
 
     def render(self) -> bytes:
@@ -124,6 +127,15 @@ class _Collector:
         c = CounterMetricFamily("omni_router_health_transitions", "Worker health changes")
         c.add_metric([], m.health_transitions)
         yield c
+        for name, value, doc in (
+            ("probes_failed", m.probes_failed, "Health probes that failed"),
+            ("connections_refused", m.connections_refused, "Clients refused at the cap"),
+            ("idle_connections_closed", m.idle_closed, "Client connections closed when idle"),
+            ("resource_errors", m.resource_errors, "The router's own descriptor exhaustion"),
+        ):
+            c = CounterMetricFamily(f"omni_router_{name}", doc)
+            c.add_metric([], value)
+            yield c
         for name, value in m.gauges().items():
             g = GaugeMetricFamily(f"omni_router_{name}", name.replace("_", " "))
             g.add_metric([], value)

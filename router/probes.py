@@ -10,6 +10,7 @@ import time
 
 from router.http.client import http_get
 from router.metrics import Metrics
+from router.resources import is_exhaustion
 from router.settings import RouterSettings
 from router.view import FleetView, WorkerState
 
@@ -60,6 +61,11 @@ class Prober:
             )
             ok, error = status == 200, f"/health answered HTTP {status}"
         except (OSError, TimeoutError) as exc:
+            if is_exhaustion(exc):
+                # the router could not open a socket: that says nothing about the worker
+                self.metrics.resource_errors += 1
+                log.warning("probe of %s skipped: router out of resources (%s)", worker.id, exc)
+                return
             ok, error = False, f"/health: {type(exc).__name__}: {exc}"
         if self.view.workers.get(worker.id) is not worker:
             return  # removed while probing

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from fleet.errors import ErrorCode
+from router.errors import Code, RouterErrorCode
 from router.http.proxy import WAITING
 from router.http.wire import error_response
 
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from router.app import Dispatch, Router
     from router.http.proxy import Upstream
     from router.view import WorkerState
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a request head over a size limit."""
 
 
 class Request:
@@ -55,12 +60,19 @@ class ClientConnection(asyncio.Protocol):
         "closed",
         "dispatch",
         "extra_headers",
+        "head_error",
         "head_only",
+        "head_rx",
+        "header_bytes",
         "headers",
         "http11",
+        "in_head",
         "in_request",
         "keep_alive",
         "max_body",
+        "max_header_bytes",
+        "max_url",
+        "messages",
         "parser",
         "paused",
         "pending",
@@ -81,16 +93,29 @@ class ClientConnection(asyncio.Protocol):
         "uploading",
         "upstream",
         "url",
+        "url_parts",
+        "url_size",
         "worker",
         "ws_pending",
     )
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self.max_body = router.settings.max_body_bytes
+        settings = router.settings
+        self.max_body = settings.max_body_bytes
+        self.max_url = settings.max_url_bytes
+        self.max_header_bytes = settings.max_header_bytes
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
+        # the request head as it arrives: pieces joined once (linear), sizes checked per piece
+        self.url_parts: list[bytes] = []
+        self.url_size = 0
+        self.header_bytes = 0
+        self.head_rx = 0  # bytes of reads that fell wholly inside the current head
+        self.head_error: tuple[int, Code, str] | None = None
+        self.in_head = False
+        self.messages = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.body_size = 0
@@ -119,14 +144,31 @@ class ClientConnection(asyncio.Protocol):
         self.upload_buf: list[bytes] = []  # upload pieces that came before the worker connection
         # slow-client detection (router sweep): reads so far, as last seen, and since when
         self.in_request = False  # a request head or body is partly received
-        self.rx = self.rx_seen = 0
+        self.rx = 0
+        self.rx_seen = -1  # != rx: the sweep starts this connection's idle clock
         self.stall_at = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
-        self.router.clients.add(self)
+        router = self.router
+        if len(router.clients) >= router.max_clients:
+            # refused while descriptors are left for probes, Redis and worker connections
+            router.metrics.connections_refused += 1
+            self.closed = True
+            transport.write(
+                error_response(
+                    503,
+                    RouterErrorCode.TOO_MANY_CONNECTIONS,
+                    "the router is at its connection limit; retry shortly",
+                    keep_alive=False,
+                    extra=router.retry_after_line,
+                )
+            )
+            transport.close()
+            return
+        router.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
         self.rx += 1
@@ -136,6 +178,8 @@ class ClientConnection(asyncio.Protocol):
         if self.ws_pending is not None:
             self.ws_pending += data
             return
+        in_head = self.in_head
+        messages = self.messages
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -144,9 +188,21 @@ class ClientConnection(asyncio.Protocol):
             if req is not None and not self.closed:
                 self.ws_pending = bytearray(data[exc.args[0] :])
                 self.router.start_websocket(self, req)
+            return
         except httptools.HttpParserError:
             if not self.closed:
-                self.reject(400, ErrorCode.INVALID_REQUEST, "malformed HTTP request")
+                error = self.head_error
+                if error is None:
+                    self.reject(400, ErrorCode.INVALID_REQUEST, "malformed HTTP request")
+                else:
+                    self.reject(*error)
+            return
+        if in_head and self.in_head and self.messages == messages:
+            # A header still arriving: httptools only reports a header once it is complete and
+            # buffers it until then, so its growth is bounded here, by the bytes read for it.
+            self.head_rx += len(data)
+            if self.head_rx > self.max_url + self.max_header_bytes and not self.closed:
+                self.reject(*self._headers_too_large())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -178,18 +234,46 @@ class ClientConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_request = True
-        self.url = b""
+        self.in_head = True
+        self.messages += 1
+        self.head_rx = 0
+        self.url_parts = []
+        self.url_size = 0
+        self.header_bytes = 0
         self.headers = []
         self.body = []
         self.body_size = 0
 
     def on_url(self, url: bytes) -> None:
-        self.url += url
+        # called once per read that carries part of the target: collect, join once at the end
+        self.url_parts.append(url)
+        self.url_size += len(url)
+        if self.url_size > self.max_url:
+            self.head_error = (
+                414,
+                RouterErrorCode.URI_TOO_LONG,
+                f"request target is longer than {self.max_url} bytes",
+            )
+            raise HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
+        if self.header_bytes > self.max_header_bytes:
+            self.head_error = self._headers_too_large()
+            raise HeadTooLarge
         self.headers.append((name.lower(), value))
 
+    def _headers_too_large(self) -> tuple[int, Code, str]:
+        return (
+            431,
+            RouterErrorCode.HEADERS_TOO_LARGE,
+            f"request headers are larger than {self.max_header_bytes} bytes",
+        )
+
     def on_headers_complete(self) -> None:
+        self.in_head = False
+        parts = self.url_parts
+        self.url = parts[0] if len(parts) == 1 else b"".join(parts)
         length = expect = None
         for name, value in self.headers:
             if name == b"content-length":
@@ -284,6 +368,7 @@ class ClientConnection(asyncio.Protocol):
     def finish(self) -> None:
         """The current exchange is over: close, or answer the next pipelined request."""
         self.busy = False
+        self.rx_seen = -1  # the idle clock starts now (at the next sweep)
         self.upstream = None
         self.worker = None
         self.upload_sink = None
@@ -306,7 +391,7 @@ class ClientConnection(asyncio.Protocol):
         self.router.metrics.request(self.route, status, time.monotonic() - self.started)
         self.finish()
 
-    def reject(self, status: int, code: ErrorCode, message: str) -> None:
+    def reject(self, status: int, code: Code, message: str) -> None:
         """An error before any request could be dispatched (parse errors, size limits)."""
         self.router.metrics.error("other", code)
         self.router.metrics.request("other", status, 0.0)
@@ -317,6 +402,13 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.detach()
             self.upstream = None
             self.router.exchange_aborted(self)
+
+    def idle_out(self) -> None:
+        """No request under way for the idle timeout: hang up (RFC 9112 9.8 lets a server
+        close an idle persistent connection at any time)."""
+        self.router.metrics.idle_closed += 1
+        self.closed = True
+        self.transport.close()
 
     def stalled(self, timeout: float) -> None:
         """The client sent nothing for ``timeout`` seconds in the middle of its request."""

@@ -43,7 +43,24 @@ class RouterSettings(OmniSettings):
     # admission and limits
     max_in_flight: int = Field(8192, ge=1, description="in-flight limit over all processes")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_url_bytes: int = Field(
+        8192, ge=256, description="longest request target (path and query): longer gets 414"
+    )
+    max_header_bytes: int = Field(
+        32768, ge=1024, description="largest request header block (names + values): larger gets 431"
+    )
     retry_after_s: int = Field(1, ge=0)
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="client connections per process, more get 503 (0: from the descriptor limit)",
+    )
+    fd_reserve: int = Field(
+        256, ge=0, description="descriptors kept free for probes, Redis and worker connections"
+    )
+    client_idle_timeout_s: float = Field(
+        75.0, gt=0, description="close a client connection idle this long between requests"
+    )
 
     # timeouts and retries
     connect_timeout_s: float = Field(2.0, gt=0)

@@ -7,6 +7,7 @@ from http import HTTPStatus
 import orjson
 
 from fleet.errors import ErrorCode, error_bytes
+from router.errors import Code
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus the framing headers that the router rewrites.
 HOP_BY_HOP = frozenset(
@@ -68,15 +69,14 @@ def simple_response(
 
 def error_response(
     status: int,
-    code: ErrorCode,
+    code: Code,
     message: str,
     keep_alive: bool = True,
     extra: bytes = b"",
     param: str | None = None,
 ) -> bytes:
-    return simple_response(
-        status, error_bytes(status, code, message, param), keep_alive=keep_alive, extra=extra
-    )
+    body = error_bytes(status, code, message, param)  # type: ignore[arg-type]  # same body shape
+    return simple_response(status, body, keep_alive=keep_alive, extra=extra)
 
 
 def json_response(doc: object, status: int = 200, keep_alive: bool = True) -> bytes:
