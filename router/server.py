@@ -71,11 +71,14 @@ class ClientConnection(asyncio.Protocol):
         "keep_alive",
         "max_body",
         "max_header_bytes",
+        "max_pipelined",
         "max_url",
         "messages",
         "parser",
         "paused",
         "pending",
+        "pending_bytes",
+        "pipeline_full",
         "route",
         "router",
         "rx",
@@ -105,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
         self.max_body = settings.max_body_bytes
         self.max_url = settings.max_url_bytes
         self.max_header_bytes = settings.max_header_bytes
+        self.max_pipelined = settings.max_pipelined
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -119,7 +123,10 @@ class ClientConnection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.body_size = 0
+        # pipelined requests behind the one being answered; reading pauses while it is full
         self.pending: deque[Request] = deque()
+        self.pending_bytes = 0
+        self.pipeline_full = False
         self.busy = False
         self.closed = False
         self.paused = False
@@ -208,6 +215,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.router.clients.discard(self)
         self.pending.clear()
+        self.pending_bytes = 0
         if self.tunnel is not None:
             self.tunnel.close()
         upstream = self.upstream
@@ -351,9 +359,19 @@ class ClientConnection(asyncio.Protocol):
             self.upgrade_req = req  # handled when the parser stops at the upgrade
             return
         if self.busy:
-            self.pending.append(req)
+            self.queue(req)
         else:
             self.start(req)
+
+    def queue(self, req: Request) -> None:
+        """A pipelined request waits for the current exchange. Reading stops once the pipeline
+        holds ``max_pipelined`` requests or a body's worth of bytes, so a client that never
+        reads its responses cannot make the router buffer an unbounded stream of requests."""
+        self.pending.append(req)
+        self.pending_bytes += len(req.body or b"")
+        if len(self.pending) >= self.max_pipelined or self.pending_bytes >= self.max_body:
+            self.pipeline_full = True
+            self.transport.pause_reading()
 
     # -- exchanges -------------------------------------------------------------------------
 
@@ -382,7 +400,12 @@ class ClientConnection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
         elif self.pending:
-            self.start(self.pending.popleft())
+            req = self.pending.popleft()
+            self.pending_bytes -= len(req.body or b"")
+            if self.pipeline_full:
+                self.pipeline_full = False
+                self.transport.resume_reading()
+            self.start(req)
 
     def respond(self, data: bytes, status: int) -> None:
         """A response made by the router itself."""

@@ -50,6 +50,9 @@ class RouterSettings(OmniSettings):
         32768, ge=1024, description="largest request header block (names + values): larger gets 431"
     )
     retry_after_s: int = Field(1, ge=0)
+    max_pipelined: int = Field(
+        8, ge=1, description="pipelined requests queued behind the one answered, then reads pause"
+    )
     max_connections: int = Field(
         0,
         ge=0,

@@ -34,6 +34,7 @@ class Downstream(Protocol):
     head_only: bool
     extra_headers: bytes  # ready-made lines: request id, worker id
     uploading: bool  # the request body is still streaming to the worker
+    pipeline_full: bool  # reading is paused until a pipelined request is answered
     dispatch: Any  # the request as sent; ``.retryable`` when it can be sent again
 
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
@@ -180,7 +181,7 @@ class Upstream(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         client = self.client
-        if client is not None and not client.transport.is_closing():
+        if client is not None and not client.transport.is_closing() and not client.pipeline_full:
             client.transport.resume_reading()
 
     def pause_reading(self) -> None:
