@@ -15,6 +15,10 @@ class ErrorCode(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     INVALID_AUDIO = "invalid_audio"
     AUDIO_TOO_LONG = "audio_too_long"
+    AUDIO_TOO_LARGE = "audio_too_large"  # decoded size (rate x channels x seconds) over the limit
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for an oversize prompt
+    VOICE_TOO_LARGE = "voice_too_large"
+    VOICE_QUOTA_EXCEEDED = "voice_quota_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
     VOICE_NOT_FOUND = "voice_not_found"
     NOT_FOUND = "not_found"

@@ -49,8 +49,18 @@ class FleetKeys:
         return self.prefix + "voices"
 
     def voice_audio(self, name: str) -> str:
-        """Raw reference audio bytes of one uploaded voice."""
+        """Reference audio bytes of one uploaded voice (see ``VoiceRecord.format``)."""
         return f"{self.prefix}voice-audio:{name}"
+
+    @property
+    def voice_bytes(self) -> str:
+        """Counter: bytes of voice audio stored in the fleet (the fleet quota's usage)."""
+        return self.prefix + "stats:voice-bytes"
+
+    @property
+    def voice_bytes_by_owner(self) -> str:
+        """Hash: API key id -> bytes of voice audio it stored (the per-key quota's usage)."""
+        return self.prefix + "stats:voice-bytes-by-owner"
 
     @property
     def events(self) -> str:

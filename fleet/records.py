@@ -102,3 +102,10 @@ class VoiceRecord(BaseModel):
     content_type: str = "audio/wav"
     uploaded_by: str = ""  # worker id
     sha256: str = ""
+    # "" : the file as uploaded (voices stored before v0.2); PCM16_24K: what the model takes
+    format: str = ""
+    owner: str = ""  # fleet.api_keys.api_key_id of the uploader's API key; "" without keys
+    seconds: float | None = None
+
+
+PCM16_24K = "pcm16le-mono-24000"  # VoiceRecord.format of voices stored in the model's form

@@ -56,6 +56,78 @@ return redis.call('PUBLISH', ARGV[3], ARGV[1])
 """
 
 
+# Stores a voice if the fleet's and its owner's quotas allow, replacing one of the same name;
+# keeps the usage counters exact. Returns {"ok"} or {scope, used, limit} ("fleet" | "key").
+# KEYS: voices hash, the voice's audio, fleet usage counter, per-owner usage hash.
+# ARGV: name, record JSON, audio, owner ("" = none), fleet quota, key quota (-1 = no limit).
+_PUT_VOICE = """
+local new_bytes = string.len(ARGV[3])
+local old_bytes = redis.call('STRLEN', KEYS[2])
+local old_owner = ''
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ok, rec = pcall(cjson.decode, old)
+  if ok and type(rec) == 'table' and type(rec['owner']) == 'string' then
+    old_owner = rec['owner']
+  end
+end
+local grows = new_bytes > old_bytes
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+local fleet_quota = tonumber(ARGV[5])
+if grows and fleet_quota >= 0 and total - old_bytes + new_bytes > fleet_quota then
+  return {'fleet', total, fleet_quota}
+end
+local owner = ARGV[4]
+local key_quota = tonumber(ARGV[6])
+if owner ~= '' and key_quota >= 0 then
+  local used = tonumber(redis.call('HGET', KEYS[4], owner) or '0')
+  local after = used + new_bytes
+  if old_owner == owner then after = after - old_bytes end
+  if after > key_quota and (old_owner ~= owner or grows) then
+    return {'key', used, key_quota}
+  end
+end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[3], math.max(0, total - old_bytes + new_bytes))
+if old_owner ~= '' then
+  local left = redis.call('HINCRBY', KEYS[4], old_owner, -old_bytes)
+  if left <= 0 then redis.call('HDEL', KEYS[4], old_owner) end
+end
+if owner ~= '' then redis.call('HINCRBY', KEYS[4], owner, new_bytes) end
+return {'ok'}
+"""
+
+# Deletes a voice and gives its bytes back to the fleet's and its owner's quotas.
+# Returns 1 if it existed. KEYS and ARGV[1] as for _PUT_VOICE.
+_DELETE_VOICE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+local bytes = redis.call('STRLEN', KEYS[2])
+redis.call('DEL', KEYS[2])
+if not old then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+redis.call('SET', KEYS[3], math.max(0, total - bytes))
+local ok, rec = pcall(cjson.decode, old)
+if ok and type(rec) == 'table' and type(rec['owner']) == 'string' and rec['owner'] ~= '' then
+  local left = redis.call('HINCRBY', KEYS[4], rec['owner'], -bytes)
+  if left <= 0 then redis.call('HDEL', KEYS[4], rec['owner']) end
+end
+return 1
+"""
+
+
+class VoiceQuotaExceeded(Exception):
+    """Storing a voice would take the fleet (``scope="fleet"``) or the uploader's API key
+    (``scope="key"``) over its quota; nothing was stored."""
+
+    def __init__(self, scope: str, used: int, limit: int) -> None:
+        super().__init__(f"{scope} voice quota: {used} of {limit} bytes used")
+        self.scope = scope
+        self.used = used
+        self.limit = limit
+
+
 def connect(url: str, *, timeout_s: float = 2.0) -> RedisClient:
     """A client with short timeouts, so that a dead Redis never stalls a request path.
 
@@ -95,6 +167,8 @@ class FleetStore:
         self._bind = client.register_script(_BIND_IF_ABSENT)
         self._rebind = client.register_script(_REBIND_IF_UNCHANGED)
         self._publish_load = client.register_script(_PUBLISH_LOAD)
+        self._put_voice = client.register_script(_PUT_VOICE)
+        self._delete_voice = client.register_script(_DELETE_VOICE)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -246,11 +320,41 @@ class FleetStore:
 
     # -- voices ------------------------------------------------------------------------------
 
-    async def put_voice(self, record: VoiceRecord, audio: bytes) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.voice_audio(record.name), audio)
-            pipe.hset(self.keys.voices, record.name, record.model_dump_json())
-            await pipe.execute()
+    def _voice_keys(self, name: str) -> list[str]:
+        k = self.keys
+        return [k.voices, k.voice_audio(name), k.voice_bytes, k.voice_bytes_by_owner]
+
+    async def put_voice(
+        self,
+        record: VoiceRecord,
+        audio: bytes,
+        *,
+        fleet_quota: int | None = None,
+        key_quota: int | None = None,
+    ) -> None:
+        """Store (or replace) a voice, atomically within the quotas: stored voice bytes in the
+        fleet, and per ``record.owner``. Raises ``VoiceQuotaExceeded``; ``None``: no limit."""
+        result = await self._put_voice(
+            keys=self._voice_keys(record.name),
+            args=[
+                record.name,
+                record.model_dump_json(),
+                audio,
+                record.owner,
+                -1 if fleet_quota is None else fleet_quota,
+                -1 if key_quota is None else key_quota,
+            ],
+        )
+        if result[0] != b"ok":
+            raise VoiceQuotaExceeded(result[0].decode(), int(result[1]), int(result[2]))
+
+    async def voice_usage(self, owner: str = "") -> tuple[int, int]:
+        """(bytes of voices stored in the fleet, of those stored by ``owner``)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.voice_bytes)
+            pipe.hget(self.keys.voice_bytes_by_owner, owner or "-")
+            total, mine = await pipe.execute()
+        return int(total or 0), int(mine or 0)
 
     async def get_voice(self, name: str) -> tuple[VoiceRecord, bytes] | None:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -266,8 +370,4 @@ class FleetStore:
         return sorted((VoiceRecord.model_validate_json(r) for r in raw), key=lambda v: v.name)
 
     async def delete_voice(self, name: str) -> bool:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self.keys.voices, name)
-            pipe.delete(self.keys.voice_audio(name))
-            removed, _ = await pipe.execute()
-        return bool(removed)
+        return bool(await self._delete_voice(keys=self._voice_keys(name), args=[name]))

@@ -24,6 +24,7 @@ from planner.plan import LaunchPlan, NodePlan
 from planner.spec import ModelSpec
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
+from worker.api.protocol import http_protocol
 from worker.engine import Engine
 from worker.metrics import WorkerMetrics
 from worker.registration import Registrar
@@ -204,6 +205,7 @@ class Daemon:
                 timeout_keep_alive=5,
                 timeout_graceful_shutdown=5,
                 log_config=None,
+                http=http_protocol(),  # malformed requests get JSON errors too
             )
         )
         server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")

@@ -124,8 +124,14 @@ class Registrar:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        # A cancellation that lands inside a redis-py command can be swallowed there (seen with
+        # redis-py 8.1: the task goes on to its next sleep, still "cancelling"); cancel again
+        # until the task is really done, or a stopping worker waits on it forever.
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.2)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

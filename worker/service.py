@@ -13,7 +13,7 @@ import redis.exceptions
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
-from fleet.store import FleetStore
+from fleet.store import FleetStore, VoiceQuotaExceeded
 from planner.spec import ModelSpec
 from worker.engine import Engine
 from worker.metrics import WorkerMetrics
@@ -183,11 +183,22 @@ class WorkerService:
         return OmniError(503, ErrorCode.WORKER_UNAVAILABLE, "voice store (Redis) is unreachable")
 
     async def put_voice(self, record: VoiceRecord, audio: bytes) -> None:
+        """Raises ``VoiceQuotaExceeded`` past ``--voice-quota-bytes`` (the fleet's, or this
+        worker's own without Redis) or ``--voice-quota-bytes-per-key``."""
+        fleet_quota = self.settings.voice_quota_bytes
+        key_quota = self.settings.voice_quota_bytes_per_key
         if self.store is None:
+            others = [(r, a) for n, (r, a) in self._memory_voices.items() if n != record.name]
+            total = sum(len(a) for _, a in others)
+            if total + len(audio) > fleet_quota:
+                raise VoiceQuotaExceeded("fleet", total, fleet_quota)
+            mine = sum(len(a) for r, a in others if record.owner and r.owner == record.owner)
+            if record.owner and mine + len(audio) > key_quota:
+                raise VoiceQuotaExceeded("key", mine, key_quota)
             self._memory_voices[record.name] = (record, audio)
             return
         try:
-            await self.store.put_voice(record, audio)
+            await self.store.put_voice(record, audio, fleet_quota=fleet_quota, key_quota=key_quota)
         except (redis.exceptions.RedisError, OSError) as exc:
             raise self._voice_store_down(exc) from exc
 

@@ -49,6 +49,33 @@ class WorkerSettings(OmniSettings):
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="request body limit")
     max_audio_seconds: float = Field(600.0, gt=0, description="longest accepted input audio")
+    max_audio_decoded_bytes: int = Field(
+        256 * 2**20,
+        ge=2**20,
+        description="largest input audio once decoded (rate x channels x seconds x 4 bytes), "
+        "checked from the header before decoding",
+    )
+    audio_decode_threads: int = Field(
+        2, ge=1, le=64, description="threads that decode uploads off the event loop"
+    )
+    max_prompt_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="longest prompt text in UTF-8 bytes, refused before any work; "
+        "default 32 x the spec's longest context length",
+    )
+    max_voice_seconds: float = Field(
+        30.0, gt=0, le=600, description="longest uploaded voice (stored as 24 kHz mono pcm16)"
+    )
+    max_voice_upload_bytes: int = Field(
+        16 * 2**20, ge=1024, description="largest voice upload file; over it: 413"
+    )
+    voice_quota_bytes: int = Field(
+        256 * 2**20, ge=0, description="stored voices per fleet, all keys together; over it: 429"
+    )
+    voice_quota_bytes_per_key: int = Field(
+        32 * 2**20, ge=0, description="stored voices per API key (when keys are set); over it: 429"
+    )
     body_timeout: float = Field(
         60.0, gt=0, description="a request body that stalls this long gets 408 (slow clients)"
     )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from worker.api import chat, errors, speech, system, transcription, voices
+from worker.api import audio, chat, errors, speech, system, transcription, voices
 from worker.api.gate import Gate
+from worker.api.limits import RequestLimits, max_prompt_bytes
 from worker.service import WorkerService
 
 
@@ -18,6 +19,8 @@ def create_app(service: WorkerService) -> FastAPI:
         openapi_url=None,
     )
     app.state.service = service
+    app.state.max_prompt_bytes = max_prompt_bytes(service.settings, service.spec)
+    audio.configure_decoding(service.settings.audio_decode_threads)
     errors.install(app)
     for module in (system, chat, speech, transcription, voices):
         app.include_router(module.router)
@@ -28,5 +31,8 @@ def create_app(service: WorkerService) -> FastAPI:
         max_body_bytes=service.settings.max_body_bytes,
         body_timeout=service.settings.body_timeout,
         metrics=service.metrics,
+    )
+    app.add_middleware(
+        RequestLimits, max_audio_decoded_bytes=service.settings.max_audio_decoded_bytes
     )
     return app

@@ -13,18 +13,19 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from fleet.errors import ErrorCode, OmniError
-from worker.api.errors import from_pydantic
+from worker.api import limits
+from worker.api.errors import CLIENT_CLOSED, from_pydantic
 from worker.service import Ticket, WorkerService
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 SESSION_HEADERS = ("x-session-id", "x-omni-session")
-CLIENT_CLOSED = 499  # nginx's convention: the client went away; nobody reads this response
 
 
 def service_of(request: Request) -> WorkerService:
@@ -56,6 +57,9 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise OmniError(400, ErrorCode.INVALID_JSON, f"body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "body must be a JSON object")
+    limit = getattr(request.app.state, "max_prompt_bytes", None)
+    if limit is not None:  # before validation, tokenizing and every other cost
+        limits.check_prompt(data, limit)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -71,7 +75,7 @@ async def read_form(request: Request) -> FormData:
         )
     try:
         return await request.form(max_files=4, max_fields=32)
-    except OmniError:
+    except (OmniError, ClientDisconnect):
         raise
     except Exception as exc:  # malformed multipart
         raise OmniError(400, ErrorCode.INVALID_REQUEST, f"bad multipart body: {exc}") from exc

@@ -4,17 +4,30 @@ including the ones FastAPI and Starlette would otherwise answer in their own sha
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from fleet.errors import ErrorCode, OmniError, error_bytes
 from worker.engine import RequestInvalid, StageFailed
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's convention: the client went away; nobody reads this response
+# "<_io.BytesIO object at 0x7f...>": a library's message naming a Python object; the address
+# tells a client about the worker's memory and nothing about its request.
+_OBJECT_REPR = re.compile(r"<([A-Za-z_][\w.]*) object at 0x[0-9a-fA-F]+>")
+
+
+def scrub(message: str) -> str:
+    """``message`` without object reprs (``<_io.BytesIO object at 0x...>`` -> ``BytesIO``)."""
+    return _OBJECT_REPR.sub(lambda m: m.group(1).rsplit(".", 1)[-1], message)
+
 
 _CODE_BY_STATUS = {
     400: ErrorCode.INVALID_REQUEST,
@@ -31,7 +44,7 @@ def error_response(
     status: int, code: ErrorCode, message: str, param: str | None = None, headers=None
 ) -> Response:
     return Response(
-        error_bytes(status, code, message, param),
+        error_bytes(status, code, scrub(message), param),
         status_code=status,
         media_type="application/json",
         headers={**(headers or {}), "x-omni-error-code": code.value},
@@ -80,6 +93,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def _pydantic(_: Request, exc: ValidationError) -> Response:
         return from_omni(from_pydantic(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _: ClientDisconnect) -> Response:
+        # The client closed the connection while sending its body: its own choice, not a
+        # worker error. Nothing reads this response.
+        log.debug("client disconnected while sending %s", request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(StageFailed)
     async def _stage(_: Request, exc: StageFailed) -> Response:

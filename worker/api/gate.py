@@ -10,6 +10,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet.errors import ErrorCode, OmniError, error_bytes
+from worker.api.errors import scrub
 from worker.metrics import Route, WorkerMetrics, status_class
 
 OPEN_PATHS = frozenset({"/health", "/live", "/ready", "/metrics"})
@@ -67,7 +68,7 @@ class Gate:
             self.metrics.errors.labels(code).inc()
 
     async def _refuse(self, send: Send, exc: OmniError) -> None:
-        body = error_bytes(exc.status, exc.code, exc.message, exc.param)
+        body = error_bytes(exc.status, exc.code, scrub(exc.message), exc.param)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         if exc.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))

@@ -1,8 +1,13 @@
 """Uploaded reference voices: stored once in Redis (``FleetStore.put_voice``), so a voice
-uploaded to any worker can be used on every worker."""
+uploaded to any worker can be used on every worker.
+
+A voice is stored in the form the model takes (mono 24 kHz pcm16, at most
+``--max-voice-seconds``), never as uploaded: a 30 MB 8-channel wav costs what its seconds of
+speech cost. The fleet's total and each API key's share are quotas kept atomically in Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 
@@ -10,16 +15,20 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from fleet.api_keys import API_KEY_ID_HEADER
 from fleet.errors import ErrorCode, OmniError
-from fleet.records import Endpoint, VoiceRecord
+from fleet.records import PCM16_24K, Endpoint, VoiceRecord
+from fleet.store import VoiceQuotaExceeded
 from worker.api import audio
 from worker.api.common import read_form, service_of
+from worker.engine import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
 from worker.service import WorkerService
 
 router = APIRouter()
 
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MAX_VOICE_SECONDS = 60.0
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole name: use fullmatch
+VOICE_STORED_RATE = AUDIO_OUTPUT_RATE  # Hz: the codec's rate, what speaker encoders take
+VOICE_REFERENCE_RATE = AUDIO_INPUT_RATE  # Hz: the rate GenerationRequest.voice_audio has
 
 
 def voice_not_found(name: str, builtin: list[str], param: str) -> OmniError:
@@ -42,14 +51,38 @@ async def resolve_voice(
     found = await service.get_voice(name)
     if found is None:
         raise voice_not_found(name, builtin, param)
-    _, data = found
-    return name, audio.decode_audio(
-        data, max_seconds=service.settings.max_audio_seconds, param=param
+    record, data = found
+    if record.format == PCM16_24K:
+        loop = asyncio.get_running_loop()
+        return name, await loop.run_in_executor(None, reference_audio, data)
+    # stored as uploaded (before voices were converted on upload)
+    return name, await audio.decode_audio_async(
+        data,
+        max_seconds=service.settings.max_audio_seconds,
+        param=param,
+        target_rate=VOICE_REFERENCE_RATE,
     )
 
 
+def reference_audio(pcm16: bytes) -> np.ndarray:
+    """A stored voice -> float32 at the rate the engine takes reference audio."""
+    return audio.resample(audio.from_pcm16(pcm16), VOICE_STORED_RATE, VOICE_REFERENCE_RATE)
+
+
 def _voice_json(record: VoiceRecord) -> dict:
-    return {"object": "voice", "builtin": False, **record.model_dump()}
+    shown = record.model_dump(exclude={"owner", "format"})
+    return {"object": "voice", "builtin": False, **shown}
+
+
+def _quota_error(exc: VoiceQuotaExceeded) -> OmniError:
+    whose = "this fleet's" if exc.scope == "fleet" else "this API key's"
+    return OmniError(
+        429,
+        ErrorCode.VOICE_QUOTA_EXCEEDED,
+        f"{whose} uploaded voices use {exc.used} of {exc.limit} bytes; delete a voice "
+        "(DELETE /v1/audio/voices/{name}) before uploading another",
+        "file",
+    )
 
 
 def _require(service: WorkerService) -> None:
@@ -74,7 +107,7 @@ async def upload_voice(request: Request) -> dict:
     form = await read_form(request)
     name = form.get("name")
     upload = form.get("file") or form.get("audio")
-    if not isinstance(name, str) or not VOICE_NAME.match(name):
+    if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
         raise OmniError(
             400,
             ErrorCode.INVALID_REQUEST,
@@ -87,17 +120,37 @@ async def upload_voice(request: Request) -> dict:
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
         )
+    settings = service.settings
+    if (upload.size or 0) > settings.max_voice_upload_bytes:
+        raise OmniError(
+            413,
+            ErrorCode.VOICE_TOO_LARGE,
+            f"voice file is {upload.size} bytes; this worker takes at most "
+            f"{settings.max_voice_upload_bytes} (a voice needs only a few seconds of speech)",
+            "file",
+        )
     data = await upload.read()
-    max_seconds = min(MAX_VOICE_SECONDS, service.settings.max_audio_seconds)
-    audio.decode_audio(data, max_seconds=max_seconds, param="file")  # refuse garbage up front
+    samples = await audio.decode_audio_async(
+        data,
+        max_seconds=min(settings.max_voice_seconds, settings.max_audio_seconds),
+        param="file",
+        target_rate=VOICE_STORED_RATE,
+    )
+    pcm16 = audio.to_pcm16(samples)
     record = VoiceRecord(
         name=name,
-        bytes=len(data),
-        content_type=upload.content_type or "audio/wav",
+        bytes=len(pcm16),
+        content_type=f"audio/pcm;rate={VOICE_STORED_RATE};encoding=s16le",
         uploaded_by=service.worker_id,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=hashlib.sha256(pcm16).hexdigest(),
+        format=PCM16_24K,
+        owner=request.headers.get(API_KEY_ID_HEADER, ""),
+        seconds=round(samples.size / VOICE_STORED_RATE, 3),
     )
-    await service.put_voice(record, data)
+    try:
+        await service.put_voice(record, pcm16)
+    except VoiceQuotaExceeded as exc:
+        raise _quota_error(exc) from exc
     return _voice_json(record)
 
 
