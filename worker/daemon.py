@@ -162,6 +162,11 @@ class Daemon:
         self.signals += 1
         if self.signals == 1:
             log.info("%s: draining (deadline %.1fs)", sig.name, self.settings.drain_timeout)
+            # First, before any stage exit is handled: the same signal often reaches the
+            # stage processes (one process group), and their exits are then no failure.
+            expect_shutdown = getattr(self.engine, "expect_shutdown", None)
+            if expect_shutdown is not None:
+                expect_shutdown()
             self._stop.set()
         else:
             log.warning("%s again: stopping without waiting for in-flight requests", sig.name)

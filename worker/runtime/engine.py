@@ -102,6 +102,7 @@ class PipelineEngine:
         self._checkpoint: Path | None = None
         self._started = False
         self._stopping = False
+        self._shutting_down = False  # the worker is stopping: stage exits are expected
         self._fatal: str | None = None
         self._changed: asyncio.Event = None  # type: ignore[assignment]  # made in start()
         self._restarts: set[asyncio.Task] = set()
@@ -187,6 +188,15 @@ class PipelineEngine:
 
     def speakers(self) -> list[str]:
         return list(self._speakers)
+
+    def expect_shutdown(self) -> None:
+        """The worker is stopping (its SIGTERM or Ctrl-C, which usually reaches the stage
+        processes too, as one process group): from now on a stage process that exits is
+        neither restarted nor reported as an error. Requests still in flight keep running on
+        the processes that are alive."""
+        self._shutting_down = True
+        for task in list(self._restarts):
+            task.cancel()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -437,7 +447,10 @@ class PipelineEngine:
         if self._stopping or rep.procs.get(group) is not proc:
             return
         why = f"process {proc.name} (pid {proc.pid}) exited with code {code}"
-        log.error("stage %s", why)
+        if self._shutting_down:
+            log.info("stage %s while the worker stops; not restarted", why)
+        else:
+            log.error("stage %s", why)
         if not self._started:
             self._fatal = self._fatal or why
             self._changed.set()
@@ -449,7 +462,7 @@ class PipelineEngine:
         for req in list(rep.requests.values()):
             if stages & set(req.route.active):
                 self._fail(req, StageFailed(f"stage {'/'.join(sorted(stages))} failed: {why}"))
-        if group in rep.restarting:  # a restarted process died again: its loop retries
+        if group in rep.restarting or self._shutting_down:  # its loop retries / we stop
             return
         task = asyncio.ensure_future(self._restart(rep, group))
         self._restarts.add(task)
@@ -464,7 +477,7 @@ class PipelineEngine:
 
     async def _restart_loop(self, rep: _Replica, group: str) -> None:
         for attempt in itertools.count():
-            if self._stopping:
+            if self._stopping or self._shutting_down:
                 return
             self._progress(f"restarting process group {group} (attempt {attempt + 1})")
             await self._spawn(rep, group)
@@ -506,7 +519,9 @@ def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
             cfg = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        for name in cfg.get("speaker_id") or {}:
+        # Qwen3-Omni keeps its speakers in the talker's nested config
+        speakers = cfg.get("speaker_id") or (cfg.get("talker_config") or {}).get("speaker_id")
+        for name in speakers or {}:
             if name not in names:
                 names.append(name)
     return names
