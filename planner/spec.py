@@ -74,6 +74,16 @@ class BatchingSettings(Strict):
     window_ms: float = Field(2.0, ge=0)
 
 
+class StreamingSettings(Strict):
+    """How a vocoder cuts a stream of codec frames into decodes (``stages.X.streaming.*``)."""
+
+    first_chunk_frames: int = Field(4, ge=1, description="frames in the first chunk (first packet)")
+    chunk_frames: int = Field(10, ge=1, description="frames in every later chunk")
+    left_context_frames: int = Field(
+        25, ge=0, description="earlier frames decoded with each chunk (as chunked_decode does)"
+    )
+
+
 class MemorySettings(Strict):
     """Per-stage overrides of the planner's estimates (bytes); None = the GPU catalog's value."""
 
@@ -101,6 +111,7 @@ class StageSpec(Strict):
     memory_share: float | None = Field(None, gt=0, le=1, description="colocated layouts")
     engine: EngineSettings = Field(default_factory=EngineSettings)
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    streaming: StreamingSettings = Field(default_factory=StreamingSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
 

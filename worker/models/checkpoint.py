@@ -20,7 +20,7 @@ from typing import Any
 from planner.spec import ModelSpec, resolve_model_dir
 
 SEED_FILE = "seeded_weights.json"
-BUILDER_VERSION = "2"  # bump when the way weights are built changes
+BUILDER_VERSION = "3"  # bump when the way weights are built changes
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
@@ -76,7 +76,11 @@ def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> Non
     from worker.models.tokenizer import build_byte_tokenizer
 
     hf_logging.disable_progress_bar()
+    from worker.models.qwen3_omni import tiny
 
+    if tiny.is_tiny(model_dir):  # one config for the whole model: the real checkpoint layout
+        tiny.build_checkpoint(model_dir, out, seed)
+        return
     for sub in component_dirs(spec):
         src, dst = model_dir / sub, out / sub
         cls = model_class(src)

@@ -7,6 +7,9 @@ from worker.stages.base import StageContext, StageExecutor
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
+    family = _family(ctx)
+    if family is not None:
+        return family.make_executor(ctx)
     kind = ctx.stage.executor
     if kind == Executor.AUTOREGRESSIVE and ctx.stage.engine.backend == Backend.SGLANG:
         from worker.stages.sglang import SGLangExecutor
@@ -27,3 +30,19 @@ def make_executor(ctx: StageContext) -> StageExecutor:
     else:  # pragma: no cover - the spec's enum is exhaustive
         raise ValueError(f"no executor for {kind!r}")
     return cls(ctx)
+
+
+def _family(ctx: StageContext):
+    """The model family's own executors, by the checkpoint's ``model_type`` (one home per
+    family under ``worker/models/``); None for generic transformers models."""
+    import json
+
+    try:
+        model_type = json.loads((ctx.checkpoint / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    if model_type == "qwen3_omni_moe":
+        from worker.models import qwen3_omni
+
+        return qwen3_omni
+    return None

@@ -1,0 +1,28 @@
+"""What every Qwen3-Omni stage shares: its config and its own weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.stages.base import StageContext
+
+
+def load(ctx: StageContext) -> tuple[Any, Any]:
+    """(the model's whole config, this stage's module with only its own weights)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    from worker.models.stage_weights import load_stage_module
+
+    if ctx.stage.component is None:
+        raise ValueError(f"stage {ctx.name} needs a component")
+    if ctx.stage.tp_size > 1:
+        raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
+    module, report = load_stage_module(
+        ctx.checkpoint, ctx.stage.component, ctx.stage.dtype, ctx.device
+    )
+    ctx.extra["loaded"] = report
+    return Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint), module
+
+
+def np32(t: Any) -> Any:
+    return t.detach().float().cpu().numpy()

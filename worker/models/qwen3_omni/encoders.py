@@ -1,0 +1,140 @@
+"""Qwen3-Omni's encoders: the audio tower and the vision encoder, batched over requests.
+
+Each request's inputs go in whole (all its clips or images) and its embeddings come out per
+request: the audio tower encodes every clip on its own windows, so clips of several requests
+share one call; the vision encoder takes each image's patches with its grid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from worker.models.qwen3_omni.common import load, np32
+from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
+
+
+class _Encoder(StageExecutor):
+    KEY = ""  # the preprocessing payload entry this encoder consumes
+
+    def load(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.config, self.model = load(self.ctx)
+        b = self.ctx.stage.batching
+        self.queue = BatchQueue(b.max_batch_size, b.window_ms)
+        self.empty: list[str] = []  # requests without this modality: answered at once
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        payload = inputs["preprocessing"]
+        if payload.get(self.KEY) is None:
+            self.empty.append(rid)
+        else:
+            self.queue.put(rid, payload, weight=self._weight(payload))
+
+    def _weight(self, payload: dict[str, Any]) -> int:
+        return 1
+
+    def abort(self, rid: str) -> None:
+        self.queue.drop(rid)
+        self.empty = [r for r in self.empty if r != rid]
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if self.empty else self.queue.deadline()
+
+    def queue_depth(self) -> int:
+        return len(self.queue) + len(self.empty)
+
+    def step(self) -> list[Output]:
+        outs: list[Output] = [(FINAL, rid, {}) for rid in self.empty]
+        self.empty = []
+        if self.queue.deadline() is not None and self.queue.deadline() <= _now():
+            batch = self.queue.take()
+            with self.torch.inference_mode():
+                outs += self._encode(batch)
+        return outs
+
+    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+        raise NotImplementedError
+
+
+class AudioTowerExecutor(_Encoder):
+    KEY = "audio_features"
+
+    def warmup(self) -> None:
+        mels = self.config.thinker_config.audio_config.num_mel_bins
+        self._encode(
+            [("warmup", {"audio_features": np.zeros((mels, 200), np.float32), "audio_lens": [200]})]
+        )
+
+    def _weight(self, payload: dict[str, Any]) -> int:
+        return len(payload["audio_lens"])
+
+    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+            _get_feat_extract_output_lengths as tokens_of,
+        )
+
+        torch = self.torch
+        feats = np.concatenate([p["audio_features"] for _, p in batch], axis=1)
+        lens = [n for _, p in batch for n in p["audio_lens"]]
+        x = torch.from_numpy(feats).to(self.ctx.device, self.model.dtype)
+        hidden = self.model(
+            x, feature_lens=torch.tensor(lens, device=self.ctx.device)
+        ).last_hidden_state
+        hidden = np32(hidden)
+        outs: list[Output] = []
+        at = 0
+        for rid, p in batch:
+            n = sum(int(tokens_of(torch.tensor(k), 50)) for k in p["audio_lens"])
+            outs.append((FINAL, rid, {"audio_embeds": hidden[at : at + n]}))
+            at += n
+        return outs
+
+
+class VisionExecutor(_Encoder):
+    KEY = "pixel_values"
+
+    def warmup(self) -> None:
+        cfg = self.config.thinker_config.vision_config
+        dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+        merge = cfg.spatial_merge_size
+        grid = np.array([[1, 2 * merge, 2 * merge]], dtype=np.int64)
+        pixels = np.zeros((int(grid.prod()), dim), np.float32)
+        self._encode([("warmup", {"pixel_values": pixels, "image_grid": grid})])
+
+    def _weight(self, payload: dict[str, Any]) -> int:
+        return len(payload["image_grid"])
+
+    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+        torch = self.torch
+        pixels = np.concatenate([p["pixel_values"] for _, p in batch])
+        grid = np.concatenate([p["image_grid"] for _, p in batch])
+        out = self.model(
+            torch.from_numpy(pixels).to(self.ctx.device, self.model.dtype),
+            grid_thw=torch.from_numpy(grid).to(self.ctx.device),
+        )
+        merged = np32(out.pooler_output)
+        deep = np.stack([np32(d) for d in out.deepstack_features])  # (layers, tokens, hidden)
+        merge = self.model.spatial_merge_size**2
+        outs: list[Output] = []
+        at = 0
+        for rid, p in batch:
+            n = int(sum(int(g.prod()) for g in p["image_grid"]) // merge)
+            outs.append(
+                (
+                    FINAL,
+                    rid,
+                    {"image_embeds": merged[at : at + n], "image_deepstack": deep[:, at : at + n]},
+                )
+            )
+            at += n
+        return outs
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

@@ -1,0 +1,104 @@
+"""Preprocessing (CPU): a request -> Qwen3-Omni's model inputs, through the model's processor.
+
+Chat: the messages as they are (text, audio and image parts). Transcription: the audio with an
+instruction. Speech: the text to speak is forced as the assistant's reply, so the talker voices
+exactly that text (the thinker encodes it instead of generating).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from worker.models.qwen3_omni.processor import OmniProcessor
+from worker.stages.base import FINAL, INVALID, Output, RequestMeta, StageExecutor
+
+TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
+
+
+class OmniPreprocess(StageExecutor):
+    def load(self) -> None:
+        self.processor = OmniProcessor(self.ctx.checkpoint)
+        self.pending: list[tuple[str, RequestMeta, dict]] = []
+
+    def warmup(self) -> None:
+        silence = np.zeros(1600, dtype=np.float32)
+        self._prepare(
+            {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "audio": silence}
+        )
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.pending.append((rid, meta, inputs["request"]))
+
+    def abort(self, rid: str) -> None:
+        self.pending = [p for p in self.pending if p[0] != rid]
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if self.pending else None
+
+    def queue_depth(self) -> int:
+        return len(self.pending)
+
+    def step(self) -> list[Output]:
+        rid, _meta, req = self.pending.pop(0)
+        try:
+            return [(FINAL, rid, self._prepare(req))]
+        except ValueError as exc:
+            return [(INVALID, rid, str(exc))]
+
+    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+        kind = req["kind"]
+        forced: list[int] | None = None
+        if kind == "speech":
+            text = req.get("text", "")
+            if not text.strip():
+                raise ValueError("speech request without text")
+            messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
+            forced = self.processor.tokenizer.encode(text, add_special_tokens=False)
+        elif kind == "transcription":
+            if req.get("audio") is None:
+                raise ValueError("transcription request without audio")
+            content = [{"type": "audio", "audio": req["audio"]}]
+            messages = [
+                {
+                    "role": "user",
+                    "content": [*content, {"type": "text", "text": TRANSCRIBE_INSTRUCTION}],
+                }
+            ]
+        else:
+            messages = [dict(m) for m in req.get("messages", [])]
+            if (
+                req.get("audio") is not None
+            ):  # audio sent beside the messages joins the last user turn
+                _attach(messages, {"type": "audio", "audio": req["audio"]})
+        for part in _media(messages, "audio"):
+            if np.asarray(part["audio"]).size == 0:
+                raise ValueError("empty audio")
+        prepared = self.processor.prepare(messages).payload()
+        prepared["voice"] = req.get("voice")
+        if forced is not None:
+            prepared["forced_ids"] = forced
+        return prepared
+
+
+def _attach(messages: list[dict[str, Any]], part: dict[str, Any]) -> None:
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        messages.append({"role": "user", "content": []})
+        users = messages[-1:]
+    last = users[-1]
+    content = last.get("content")
+    if not isinstance(content, list):
+        content = [{"type": "text", "text": content or ""}] if content else []
+    last["content"] = [part, *content]
+
+
+def _media(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == kind
+    ]

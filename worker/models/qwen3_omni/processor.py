@@ -1,0 +1,122 @@
+"""Qwen3-Omni's processor, assembled from the checkpoint's own pieces: its tokenizer and chat
+template, its Whisper feature extractor and its Qwen2-VL image processor (the PIL backend:
+the torchvision one does not load with the CPU torch these hosts use).
+
+It does what ``Qwen3OmniMoeProcessor`` does for text, audio and images: features with their
+lengths, patches with their grid sizes, and each placeholder expanded to one token per encoder
+output (the audio count from transformers' own ``_get_feat_extract_output_lengths``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+AUDIO_RATE = 16_000
+
+
+@dataclass
+class Prepared:
+    input_ids: list[int]
+    audio_features: np.ndarray | None = None  # (mel bins, frames of all clips), as the tower takes
+    audio_lens: list[int] = field(default_factory=list)  # feature frames per clip
+    pixel_values: np.ndarray | None = None  # (patches, channels x patch volume)
+    image_grid: np.ndarray | None = None  # (images, 3): t, h, w in patches
+
+    def payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"input_ids": self.input_ids, "audio_lens": self.audio_lens}
+        if self.audio_features is not None:
+            out["audio_features"] = self.audio_features
+        if self.pixel_values is not None:
+            out["pixel_values"] = self.pixel_values
+            out["image_grid"] = self.image_grid
+        return out
+
+
+class OmniProcessor:
+    def __init__(self, checkpoint: Path) -> None:
+        from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+        from transformers.models.qwen3_omni_moe import processing_qwen3_omni_moe as official
+
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        self.features = WhisperFeatureExtractor.from_pretrained(checkpoint)
+        self.images = Qwen2VLImageProcessorPil.from_pretrained(checkpoint)
+        self.audio_tokens = official._get_feat_extract_output_lengths
+        self.n_window = official.Qwen3OmniMoeProcessor.n_window
+        tok = self.tokenizer
+        self.audio_token = tok.convert_tokens_to_ids(tok.audio_token)
+        self.image_token = tok.convert_tokens_to_ids(tok.image_token)
+
+    def chat_text(self, messages: list[dict[str, Any]]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    def prepare(self, messages: list[dict[str, Any]]) -> Prepared:
+        """Messages whose content is a string or a list of parts: ``text``, ``audio`` (float32 at
+        16 kHz under ``audio``) and ``image`` (uint8 HxWx3 under ``image``)."""
+        clips = [p["audio"] for p in _parts(messages, "audio")]
+        pictures = [p["image"] for p in _parts(messages, "image")]
+        ids = self.tokenizer.encode(self.chat_text(messages), add_special_tokens=False)
+        out = Prepared(input_ids=[])
+        counts: dict[int, list[int]] = {}
+        if clips:
+            feats = self.features(
+                [np.asarray(c, dtype=np.float32) for c in clips],
+                sampling_rate=AUDIO_RATE,
+                padding=True,
+                truncation=False,
+                return_attention_mask=True,
+                return_tensors="np",
+            )
+            mask = feats["attention_mask"].astype(bool)
+            lens = mask.sum(-1)
+            # the tower takes every clip's valid frames concatenated along time
+            frames = feats["input_features"].transpose(0, 2, 1)[mask].T
+            out.audio_features = np.ascontiguousarray(frames, dtype=np.float32)
+            out.audio_lens = [int(n) for n in lens]
+            counts[self.audio_token] = [int(self.audio_tokens(n, self.n_window)) for n in lens]
+        if pictures:
+            from PIL import Image
+
+            batch = self.images(
+                [Image.fromarray(np.asarray(p)) for p in pictures], return_tensors="np"
+            )
+            out.pixel_values = np.asarray(batch["pixel_values"], dtype=np.float32)
+            out.image_grid = np.asarray(batch["image_grid_thw"], dtype=np.int64)
+            merge = int(self.images.merge_size) ** 2
+            counts[self.image_token] = [int(g.prod()) // merge for g in out.image_grid]
+        out.input_ids = _expand(ids, counts)
+        return out
+
+
+def _parts(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == kind
+    ]
+
+
+def _expand(ids: list[int], counts: dict[int, list[int]]) -> list[int]:
+    """Each placeholder token, in order, repeated as many times as its input has tokens."""
+    out: list[int] = []
+    seen = dict.fromkeys(counts, 0)
+    for t in ids:
+        if t in counts:
+            n = counts[t]
+            if seen[t] >= len(n):
+                raise ValueError("more placeholders than inputs in the chat template's output")
+            out.extend([t] * n[seen[t]])
+            seen[t] += 1
+        else:
+            out.append(t)
+    for t, n in counts.items():
+        if seen[t] != len(n):
+            raise ValueError("the chat template dropped a media part")
+    return out

@@ -1,0 +1,361 @@
+"""Qwen3-Omni's talker: codec frames of all code groups, streamed while the thinker runs.
+
+Its prompt is built as the real model builds it: every user turn from the thinker (text
+positions through ``text_projection`` of the thinker's embeddings, audio and image positions
+through ``hidden_projection`` of its hidden states at ``accept_hidden_layer``), then the
+assistant turn's first tokens with the codec control codes and the speaker. Each step then
+feeds the sum of the previous frame's code embeddings plus the projection of the thinker's
+next text token (``tts_eos`` after the last one, ``tts_pad`` from then on), so a step needs
+only the next two of the thinker's tokens, not the whole reply: audio starts while the thinker
+is still writing. The talker predicts a frame's first code; its code predictor the others.
+Greedy decoding with the reference's processors (repetition penalty 1.05 on first codes, the
+control codes suppressed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from worker.models.qwen3_omni.common import load
+from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.kvbatch import KVBatch
+
+REPETITION_PENALTY = 1.05  # Qwen3OmniMoeForConditionalGeneration.generate's default
+DEFAULT_SPEAKER = "ethan"
+
+
+@dataclass(slots=True)
+class _Request:
+    rid: str
+    meta: RequestMeta
+    prompt: dict[str, Any]  # preprocessing's payload: ids, audio lengths, image grid
+    speaker: int
+    max_new: int
+    first: dict[str, Any] | None = None  # the thinker's prompt states
+    tokens: list[int] = field(default_factory=list)
+    embeds: list[np.ndarray] = field(default_factory=list)  # thinker embeddings of the reply
+    ended: bool = False
+    finish: str = "stop"
+    started: bool = False
+    pos: int = 0
+    delta: int = 0
+    codes: list[int] = field(default_factory=list)  # first codes so far
+    past_hidden: Any = None  # the talker's last hidden state (1, 1, H)
+    frames: int = 0
+
+
+class TalkerExecutor(StageExecutor):
+    def load(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.config, self.talker = load(self.ctx)
+        tc = self.config.talker_config
+        self.tc = tc
+        self.codec_embed = self.talker.get_input_embeddings()
+        self.predictor = self.talker.code_predictor
+        self.groups = tc.num_code_groups
+        vocab = tc.text_config.vocab_size
+        self.eos = tc.codec_eos_token_id
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.ctx.device)
+        self.suppress[max(0, vocab - 1024) :] = True
+        self.suppress[self.eos] = False
+        self.mm_ids = torch.tensor(
+            [tc.audio_token_id, tc.image_token_id, tc.video_token_id], device=self.ctx.device
+        )
+        self.pending: list[_Request] = []
+        self.running: dict[str, _Request] = {}
+        self.batch = KVBatch()
+        self.deltas: Any = None
+
+    def warmup(self) -> None:
+        meta = RequestMeta("chat", frozenset({"audio"}))
+        th = self.tc.thinker_hidden_size
+        ids = [
+            self.config.im_start_token_id,
+            self.config.user_token_id,
+            10,
+            self.config.im_end_token_id,
+        ]
+        ids += [self.config.im_start_token_id, self.config.assistant_token_id, 10]
+        self.start("warmup", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        zeros = np.zeros((len(ids), th), np.float32)
+        first = {"prompt_embed": zeros, "prompt_hidden": zeros, "tts_embeds": zeros[:3]}
+        self.feed("warmup", "thinker", {"tokens": [1, 2], "embeds": zeros[:2], **first})
+        self.end_stream("warmup", "thinker", {"finish_reason": "stop"})
+        self.pending[0].max_new = 3
+        while self.pending or self.running:
+            self.step()
+
+    # ---- interface -------------------------------------------------------------------------
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        prompt = inputs["preprocessing"]
+        voice = (meta.voice or prompt.get("voice") or DEFAULT_SPEAKER).lower()
+        speakers = {k.lower(): v for k, v in (self.tc.speaker_id or {}).items()}
+        r = _Request(
+            rid,
+            meta,
+            prompt,
+            speaker=speakers.get(voice, -1),
+            max_new=self.ctx.stage.engine.max_new_tokens,
+        )
+        if r.speaker < 0:
+            r.finish = f"unknown voice {voice!r}; built-in voices: {sorted(speakers)}"
+        self.pending.append(r)
+
+    def feed(self, rid: str, src: str, data: Any) -> None:
+        r = self._find(rid)
+        if r is None:
+            return
+        if "prompt_embed" in data:
+            r.first = data
+        r.tokens.extend(data["tokens"])
+        if data.get("embeds") is not None:
+            r.embeds.extend(np.asarray(data["embeds"], dtype=np.float32))
+
+    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
+        r = self._find(rid)
+        if r is not None:
+            r.ended = True
+            r.finish = info.get("finish_reason", "stop") if r.speaker >= 0 else r.finish
+
+    def abort(self, rid: str) -> None:
+        self.pending = [r for r in self.pending if r.rid != rid]
+        if self.running.pop(rid, None) is not None:
+            self.batch.leave({rid})
+
+    def next_deadline(self) -> float | None:
+        if any(self._can_prefill(r) for r in self.pending):
+            return 0.0
+        if any(self._ready(r) for r in self.running.values()):
+            return 0.0
+        return None
+
+    def queue_depth(self) -> int:
+        return len(self.pending) + len(self.running)
+
+    def step(self) -> list[Output]:
+        outs: list[Output] = []
+        with self.torch.inference_mode():
+            for r in [r for r in self.pending if self._can_prefill(r)]:
+                self.pending.remove(r)
+                if r.speaker < 0:
+                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {r.finish}"))
+                    continue
+                try:
+                    outs += self._prefill(r)
+                except ValueError as exc:
+                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {exc}"))
+            ready = [r for r in self.running.values() if self._ready(r)]
+            if ready:
+                outs += self._step(ready)
+        return outs
+
+    # ---- scheduling ------------------------------------------------------------------------
+    def _find(self, rid: str) -> _Request | None:
+        return self.running.get(rid) or next((r for r in self.pending if r.rid == rid), None)
+
+    def _can_prefill(self, r: _Request) -> bool:
+        if r.speaker < 0:
+            return True
+        if len(self.running) >= self.ctx.max_running_requests:
+            return False
+        return r.first is not None and (bool(r.tokens) or r.ended)
+
+    def _ready(self, r: _Request) -> bool:
+        """Step k needs the thinker's token k + 1 and to know whether it is the last one."""
+        k = len(r.codes) - 1
+        return r.ended or len(r.tokens) > k + 2
+
+    # ---- prefill ---------------------------------------------------------------------------
+    def _prefill(self, r: _Request) -> list[Output]:
+        torch = self.torch
+        dev, dtype = self.ctx.device, self.codec_embed.weight.dtype
+        first = r.first
+        assert first is not None
+        if not r.tokens:  # the thinker said nothing: nothing to speak
+            return self._finish(r)
+        ids = torch.tensor(r.prompt["input_ids"], device=dev)
+        n = ids.shape[0]
+        embed = torch.from_numpy(first["prompt_embed"]).to(dev, dtype)
+        hidden = torch.from_numpy(first["prompt_hidden"]).to(dev, dtype)
+        cfg = self.config
+        # the role of each position: the token after the last <|im_start|> at or before it
+        at = torch.arange(n, device=dev)
+        starts = torch.where(ids == cfg.im_start_token_id, at, torch.full_like(at, -1))
+        role = ids[(torch.cummax(starts, 0).values.clamp_min(0) + 1).clamp_max(n - 1)]
+        user = role == cfg.user_token_id
+        mm = torch.isin(ids, self.mm_ids)
+        user_part = torch.where(
+            mm[:, None], self.talker.hidden_projection(hidden), self.talker.text_projection(embed)
+        )[user]
+        heads = (
+            (ids[:-1] == cfg.im_start_token_id) & (ids[1:] == cfg.assistant_token_id)
+        ).nonzero()
+        if not len(heads):
+            raise ValueError("the prompt has no assistant turn")
+        a = int(heads[-1])
+        reply = torch.from_numpy(np.stack(r.embeds[:1])).to(dev, dtype)
+        assistant = self.talker.text_projection(torch.cat([embed[a:], reply]))[:4]
+        tts = self.talker.text_projection(torch.from_numpy(first["tts_embeds"]).to(dev, dtype))
+        self.tts_bos, self.tts_eos, self.tts_pad = tts[0], tts[1], tts[2]
+        text = torch.cat(
+            [assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]]
+        )
+        tc = self.tc
+        control = torch.tensor(
+            [
+                tc.codec_nothink_id,
+                tc.codec_think_bos_id,
+                tc.codec_think_eos_id,
+                r.speaker,
+                tc.codec_pad_id,
+                tc.codec_bos_id,
+            ],
+            device=dev,
+        )
+        codec = torch.cat(
+            [torch.zeros(3, text.shape[1], device=dev, dtype=dtype), self.codec_embed(control)]
+        )
+        inputs = torch.cat([user_part, text + codec])[None]
+        talker_ids = torch.cat([ids[user], torch.full((9,), cfg.tts_pad_token_id, device=dev)])[
+            None
+        ]
+        lens = r.prompt.get("audio_lens") or None
+        grid = r.prompt.get("image_grid")
+        total = inputs.shape[1]
+        if lens or grid is not None:
+            positions, deltas = self.talker.get_rope_index(
+                talker_ids,
+                image_grid_thw=torch.from_numpy(grid).to(dev) if grid is not None else None,
+                attention_mask=torch.ones_like(talker_ids),
+                audio_seqlens=torch.tensor(lens, device=dev) if lens else None,
+            )
+            r.delta = int(deltas.view(-1)[0])
+        else:
+            positions = torch.arange(total, device=dev).view(1, 1, -1).expand(3, 1, -1)
+        text_pos = torch.arange(total, device=dev).view(1, 1, -1)
+        out = self.talker.model(
+            inputs_embeds=inputs, position_ids=torch.cat([text_pos, positions]), use_cache=True
+        )
+        r.pos = total
+        r.past_hidden = out.last_hidden_state[:, -1:]
+        code = self._pick(self.talker.codec_head(out.last_hidden_state[:, -1]), [r])[0]
+        r.codes.append(code)
+        if code == self.eos or r.max_new <= 1:
+            return self._finish(r)
+        self.running[r.rid] = r
+        self.batch.join(r.rid, out.cache, total)
+        return []
+
+    # ---- one frame for every ready request -------------------------------------------------
+    def _step(self, rows: list[_Request]) -> list[Output]:
+        torch = self.torch
+        dev = self.ctx.device
+        last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
+        past = torch.cat([r.past_hidden for r in rows])
+        residual = self._residual_codes(past, last)  # (B, groups - 1)
+        frame_sum = self.codec_embed(last)[:, 0]
+        for j in range(self.groups - 1):
+            frame_sum = frame_sum + self.predictor.model.codec_embedding[j](residual[:, j])
+        outs: list[Output] = []
+        inputs = []
+        for i, r in enumerate(rows):
+            frame = np.array([[r.codes[-1], *residual[i].tolist()]], dtype=np.int64)
+            outs.append((CHUNK, r.rid, {"codes": frame}))
+            r.frames += 1
+            inputs.append(frame_sum[i] + self._trailing(r, len(r.codes) - 1))
+        embeds = torch.stack(inputs)[:, None]
+        # rows not ready this step sit out as masked bubbles
+        index = {r.rid: i for i, r in enumerate(rows)}
+        full = [self.running[rid] for rid in self.batch.rids]
+        step_embeds = torch.cat(
+            [
+                embeds[index[r.rid] : index[r.rid] + 1] if r.rid in index else embeds[:1] * 0
+                for r in full
+            ]
+        )
+        valid = torch.tensor([r.rid in index for r in full], device=dev)
+        self.deltas = torch.tensor([r.delta for r in full], device=dev)
+        positions = torch.tensor([r.pos for r in full], device=dev)
+        logits, hidden = self.batch.step(self._forward, step_embeds, valid, positions, True)
+        codes = self._pick(logits, full)
+        done: set[str] = set()
+        for i, r in enumerate(full):
+            if r.rid not in index:
+                continue
+            r.pos += 1
+            r.past_hidden = hidden[i : i + 1][:, None]
+            r.codes.append(codes[i])
+            if codes[i] == self.eos or len(r.codes) >= r.max_new:
+                outs += self._finish(r)
+                done.add(r.rid)
+        if done:
+            self.batch.leave(done)
+        return outs
+
+    def _residual_codes(self, past: Any, first: Any) -> Any:
+        """The code predictor, greedy: codes 1..groups-1 of the frame whose first code is
+        ``first``, from the talker's hidden state that predicted it."""
+        torch = self.torch
+        model = self.predictor.model
+        out = model(inputs_embeds=torch.cat([past, self.codec_embed(first)], dim=1), use_cache=True)
+        codes = [self.predictor.lm_head[0](out.last_hidden_state[:, -1]).argmax(-1)]
+        for j in range(1, self.groups - 1):
+            e = model.codec_embedding[j - 1](codes[-1])[:, None]
+            out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
+            codes.append(self.predictor.lm_head[j](out.last_hidden_state[:, -1]).argmax(-1))
+        return torch.stack(codes, dim=1)
+
+    def _trailing(self, r: _Request, k: int) -> Any:
+        """The text the talker reads at step k: the thinker's token k + 1, tts_eos right after
+        the reply's last token (a reply cut by length ends one token early, as in the
+        reference), tts_pad after that."""
+        if r.ended:
+            last = len(r.tokens) if r.finish == "stop" else len(r.tokens) - 1
+            if k + 1 > last:
+                return self.tts_pad
+            if k + 1 == last:
+                return self.tts_eos
+        e = self.torch.from_numpy(r.embeds[k + 1]).to(
+            self.ctx.device, self.codec_embed.weight.dtype
+        )
+        return self.talker.text_projection(e[None])[0]
+
+    def _forward(
+        self, inputs_embeds: Any, attention_mask: Any, position_ids: Any, cache: Any, **_: Any
+    ) -> Any:
+        rope = (position_ids + self.deltas[:, None])[None].expand(3, -1, -1)
+        out = self.talker.model(
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=self.torch.cat([position_ids[None], rope]),
+            cache=cache,
+            use_cache=True,
+        )
+        h = out.last_hidden_state
+        return SimpleNamespace(
+            logits=self.talker.codec_head(h), hidden_states=(h,), cache=out.cache
+        )
+
+    def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
+        torch = self.torch
+        logits = logits.float().clone()
+        for i, r in enumerate(rows):
+            if r.codes:
+                seen = torch.tensor(r.codes, device=logits.device)
+                score = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    score < 0, score * REPETITION_PENALTY, score / REPETITION_PENALTY
+                )
+        logits = logits.masked_fill(self.suppress, float("-inf"))
+        return logits.argmax(dim=-1).tolist()
+
+    def _finish(self, r: _Request) -> list[Output]:
+        self.running.pop(r.rid, None)
+        info = {"frames": r.frames}
+        return [(END, r.rid, info), (DONE, r.rid, info)]

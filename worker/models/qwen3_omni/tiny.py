@@ -1,0 +1,128 @@
+"""The embedded default: a tiny Qwen3-Omni with the real classes, MoE included, at toy sizes.
+
+``configs/hf/tiny-omni/config.json`` is an ordinary ``Qwen3OmniMoeForConditionalGeneration``
+config (thinker with audio tower and vision encoder, talker with code predictor, code2wav).
+On first use the worker builds it with seeded random weights and writes an ordinary checkpoint
+directory: sharded safetensors with an index, a byte-level tokenizer with Qwen3-Omni's special
+tokens and chat template, and the processor's configs. From then on it is served exactly like
+the 30 B checkpoint. Its text and audio are meaningless; its computation is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+SPECIAL_TOKENS = [  # ids 256.. in this order; the tiny configs name these ids
+    "<|endoftext|>",  # 256
+    "<|im_start|>",  # 257
+    "<|im_end|>",  # 258
+    "<|audio_start|>",  # 259
+    "<|audio_end|>",  # 260
+    "<|audio_pad|>",  # 261
+    "<|vision_start|>",  # 262
+    "<|vision_end|>",  # 263
+    "<|image_pad|>",  # 264
+    "<|video_pad|>",  # 265
+    "<tts_pad>",  # 266
+    "<tts_text_bos>",  # 267
+    "<tts_text_eod>",  # 268
+]
+# Role names are one token each, as in Qwen's vocabulary: the talker finds the user and
+# assistant turns by the token after <|im_start|>.
+ROLE_TOKENS = ["user", "assistant", "system"]  # 269, 270, 271
+
+# Qwen3-Omni's chat layout: audio, image and video parts become their placeholder spans, which
+# the processor expands to one token per encoder output.
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{%- if m['content'] is string %}{{ m['content'] }}"
+    "{%- else %}{%- for p in m['content'] %}"
+    "{%- if p['type'] == 'text' %}{{ p['text'] }}"
+    "{%- elif p['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{%- elif p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif p['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- endif %}{%- endfor %}{%- endif %}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(out_dir: Path) -> None:
+    """A byte-level BPE (ids 0..255 = bytes) with Qwen3-Omni's special tokens, saved like a
+    real one so that ``AutoTokenizer.from_pretrained`` loads it."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_chars = bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        chat_template=CHAT_TEMPLATE,
+        extra_special_tokens={
+            "audio_token": "<|audio_pad|>",
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "audio_bos_token": "<|audio_start|>",
+            "audio_eos_token": "<|audio_end|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+    )
+    fast.save_pretrained(out_dir)
+
+
+def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
+    """Seeded random weights for ``config_dir/config.json``, saved as a sharded checkpoint with
+    tokenizer and processor files."""
+    import torch
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    config = Qwen3OmniMoeConfig.from_pretrained(config_dir)
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _calibrate_code2wav(model.code2wav)
+    # Small shards: the tiny checkpoint goes through the index like a 35 B one does.
+    model.save_pretrained(out, max_shard_size="1MB")
+    build_tokenizer(out)
+    for extra in config_dir.iterdir():
+        if (
+            extra.is_file()
+            and extra.name not in ("config.json",)
+            and not (out / extra.name).exists()
+        ):
+            shutil.copyfile(extra, out / extra.name)
+
+
+def _calibrate_code2wav(code2wav) -> None:
+    """Random code2wav weights clip or whisper; scale its last convolution to an audible level
+    (the output is clamped to [-1, 1], so the scale is found in a few passes)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    cfg = code2wav.config
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 24), generator=gen)
+    conv = code2wav.decoder[-1].conv
+    with torch.no_grad():
+        for _ in range(3):
+            rms = code2wav(codes).float().pow(2).mean().sqrt().item()
+            scale = 0.1 / max(rms, 1e-12)
+            conv.weight.mul_(scale)
+            conv.bias.mul_(scale)
+
+
+def is_tiny(config_dir: Path) -> bool:
+    try:
+        return json.loads((config_dir / "config.json").read_text()).get("model_type") == (
+            "qwen3_omni_moe"
+        )
+    except (OSError, ValueError):
+        return False
