@@ -7,6 +7,7 @@ FakeEngine. Every input is a few MB at most."""
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import io
 import socket
@@ -153,8 +154,33 @@ def test_multichannel_decoding_keeps_memory_near_the_mono_result() -> None:
     assert peak < 4 * 2**20, peak
 
 
+def chat_with_audio(w: InProcWorker, data: bytes) -> httpx.Response:
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode()}}
+    return httpx.post(
+        w.url + "/v1/chat/completions",
+        json={"model": "fake-omni", "messages": [{"role": "user", "content": [part]}]},
+        timeout=30,
+    )
+
+
+# Routes whose decoding runs on the decode threads. chat and transcription call the blocking
+# decode_audio until their one-line switch to decode_audio_async (see worker/api/audio.py);
+# strict xfail: the day they switch, these fail until the marker goes.
+NOT_YET_OFF_THE_LOOP = pytest.mark.xfail(
+    strict=True, reason="worker/api/chat.py, transcription.py still call decode_audio"
+)
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        pytest.param(lambda w, data: upload_voice(w, "slow", data), id="voice-upload"),
+        pytest.param(chat_with_audio, id="chat-input-audio", marks=NOT_YET_OFF_THE_LOOP),
+        pytest.param(transcribe, id="transcription", marks=NOT_YET_OFF_THE_LOOP),
+    ],
+)
 def test_decoding_runs_off_the_event_loop_and_the_heartbeat_lives(
-    worker: InProcWorker, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    worker: InProcWorker, redis_url: str, monkeypatch: pytest.MonkeyPatch, send
 ) -> None:
     """A decode that takes long (held here until the test has looked) leaves the loop free:
     /health answers and the Redis heartbeat key never expires meanwhile."""
@@ -171,11 +197,11 @@ def test_decoding_runs_off_the_event_loop_and_the_heartbeat_lives(
     monkeypatch.setattr(sf.SoundFile, "_open", held_open)
     r = redis.Redis.from_url(redis_url)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        upload = pool.submit(upload_voice, worker, "slow", data)
+        request = pool.submit(send, worker, data)
         try:
             deadline = time.monotonic() + 10
             while not decoding_on:
-                assert time.monotonic() < deadline and not upload.done(), "decode never started"
+                assert time.monotonic() < deadline and not request.done(), "no decode started"
                 time.sleep(0.01)
             # held for 2.5 heartbeat TTLs: the key must be there every time we look
             until = time.monotonic() + 2.5 * worker.service.settings.heartbeat_ttl
@@ -184,10 +210,10 @@ def test_decoding_runs_off_the_event_loop_and_the_heartbeat_lives(
                 health = httpx.get(worker.url + "/health", timeout=3)
                 assert health.status_code == 200
                 time.sleep(0.1)
-            assert not upload.done()
+            assert not request.done()
         finally:
             release.set()
-        assert upload.result().status_code == 200, upload.result().text
+        assert request.result().status_code == 200, request.result().text
     assert decoding_on[0].startswith("audio-decode"), decoding_on
 
 
