@@ -22,6 +22,8 @@ def make_executor(ctx: StageContext) -> StageExecutor:
         from worker.models.qwen3_omni.preprocess import OmniPreprocess as cls
     elif kind == Executor.DECODE:
         from worker.stages.decode import DecodeExecutor as cls
+    elif kind == Executor.AGGREGATE:
+        from worker.stages.aggregate import AggregateExecutor as cls
     elif module == "thinker.model.audio_tower":
         from worker.models.qwen3_omni.encoders import AudioTowerExecutor as cls
     elif module == "thinker.model.visual":
