@@ -1,15 +1,19 @@
 """Session affinity: session key -> worker, bound in Redis so every router process agrees.
 
 One Redis round trip for a known session (GETEX slides the TTL), two for a new one (the atomic
-bind-if-absent, so racing routers agree on the first writer). A binding moves only when its
-worker cannot take the request (gone, draining, unhealthy, full) or is above the bounded-load
-limit; moves are compare-and-set, counted in Redis and in metrics. Without Redis (static fleet,
-or Redis unreachable) the key is rendezvous-hashed over the eligible workers instead.
+bind-if-absent, so racing routers agree on the first writer). A new binding whose first request
+the worker refuses (status 400 and up) is removed again, so refused requests leave none behind.
+A binding moves only when its worker cannot take the request (gone, draining, unhealthy, full)
+or is above the bounded-load limit; moves are compare-and-set, counted in Redis and in metrics,
+and logged as a periodic summary. Without Redis (static fleet, or Redis unreachable) the key
+is rendezvous-hashed over the eligible workers instead.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Sequence
 
 from redis.exceptions import RedisError
@@ -21,6 +25,11 @@ from router.settings import RouterSettings
 from router.view import WorkerState
 
 log = logging.getLogger("omni.router.affinity")
+# how long a bounded-load move waits for the bound worker's next load report (they come
+# several times a second); without one it decides on this router's own counts
+_REPORT_WAIT_S = 1.0
+# delete a binding only if it still names the worker that refused the session's first request
+_UNBIND = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 
 
 class Affinity:
@@ -28,6 +37,10 @@ class Affinity:
         self.discovery = discovery
         self.ttl_ms = int(settings.session_ttl_s * 1000)
         self.bound = settings.affinity_bound
+        self.summary_every_s = settings.move_log_interval_s
+        self.moves: Counter[str] = Counter()  # since the last summary line
+        self.summary_at = time.monotonic()
+        self._unbind = None
 
     async def resolve(
         self,
@@ -38,11 +51,13 @@ class Affinity:
         stage_class: str,
     ) -> tuple[WorkerState, AffinityOutcome]:
         """The worker for this session's request. ``capable``: routable workers that serve the
-        request; ``open_``: those of them with capacity left (non-empty)."""
+        request; ``open_``: those of them with capacity left (non-empty). A new session (outcome
+        NEW) is bound here; the caller calls ``unbind`` if the worker refuses its request."""
         discovery = self.discovery
         if discovery is None or not discovery.up:
             return choose_hash(open_, stage_class, key), AffinityOutcome.HASHED
         store = discovery.store
+        arrived = time.time()  # wall clock: load reports are stamped by the worker's clock
         try:
             bound_id = await store.lookup_session(key, self.ttl_ms)
             outcome = AffinityOutcome.HIT
@@ -56,7 +71,7 @@ class Affinity:
                 reason = AffinityOutcome.MOVED_INELIGIBLE
                 if any(w.id == bound_id for w in capable):
                     reason = AffinityOutcome.MOVED_BOUNDED_LOAD  # alive but full
-            elif over_bound(worker, capable, stage_class, self.bound):
+            elif await self._over_bound(worker, capable, stage_class, arrived):
                 others = [w for w in open_ if w is not worker]
                 target = choose(others, stage_class, key) if others else None
                 if target is None or over_bound(target, capable, stage_class, self.bound):
@@ -68,8 +83,48 @@ class Affinity:
             candidates = [w for w in open_ if w.id != bound_id] or list(open_)
             target = choose(candidates, stage_class, key)
             now_id = await store.move_session(key, bound_id, target.id, self.ttl_ms)
-            log.info("session moved %s -> %s (%s)", bound_id, now_id, reason.value)
+            self.moves[reason.value] += 1
             return by_id.get(now_id, target), reason
         except (RedisError, OSError, TimeoutError) as exc:
             discovery.mark_down(exc)
             return choose_hash(open_, stage_class, key), AffinityOutcome.HASHED
+
+    async def _over_bound(
+        self,
+        worker: WorkerState,
+        capable: Sequence[WorkerState],
+        stage_class: str,
+        arrived: float,
+    ) -> bool:
+        """Is the bound worker over the load bound, judged on a load report made after this
+        request arrived? An older report may still count requests that have ended since (the
+        session's own previous request among them), so it never moves a session alone."""
+        if not over_bound(worker, capable, stage_class, self.bound):
+            return False
+        if await worker.report_after(arrived, _REPORT_WAIT_S):
+            return over_bound(worker, capable, stage_class, self.bound)
+        return over_bound(worker, capable, stage_class, self.bound, reports=False)
+
+    async def unbind(self, key: str, worker_id: str) -> None:
+        """The worker refused the first request of a session bound to it just now: remove the
+        binding (unless it has moved since), so that refused requests cost no Redis memory."""
+        discovery = self.discovery
+        if discovery is None or not discovery.up:
+            return
+        store = discovery.store
+        try:
+            if self._unbind is None:
+                self._unbind = store.redis.register_script(_UNBIND)
+            await self._unbind(keys=[store.keys.affinity(key)], args=[worker_id])
+        except (RedisError, OSError, TimeoutError) as exc:
+            discovery.mark_down(exc)
+
+    def log_summary(self, now: float) -> None:
+        """One INFO line per interval for the session moves in it (not one line per move)."""
+        if now - self.summary_at < self.summary_every_s:
+            return
+        self.summary_at = now
+        if self.moves:
+            counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.moves.items()))
+            log.info("sessions moved in the last %gs: %s", self.summary_every_s, counts)
+            self.moves.clear()

@@ -22,14 +22,15 @@ from fleet.records import Endpoint
 from fleet.settings import redacted_url
 from router.admission import Admission
 from router.affinity import Affinity
-from router.classify import Classified, check_session_key, classify_json, route_of
+from router.classify import UNSERVED, Classified, check_session_key, classify_json, route_of
 from router.dashboard import Dashboard
 from router.discovery import Discovery
 from router.errors import RouterErrorCode
 from router.http.client import http_get
+from router.http.headers import read_client_headers
 from router.http.proxy import BODY, WAITING, Upstream
 from router.http.tunnel import Tunnel
-from router.http.wire import DROP_REQUEST, error_response, json_response, simple_response
+from router.http.wire import error_response, json_response, simple_response
 from router.metrics import AffinityOutcome, Metrics
 from router.policies import CHOOSERS
 from router.probes import Prober
@@ -42,6 +43,9 @@ log = logging.getLogger("omni.router")
 _SWEEP_S = 0.25
 _IDLE_SWEEP_EVERY = 4  # idle client connections are looked at every 4th sweep (1 s)
 _NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
+# generation requests: no side effect beyond the answer, so one that no worker answered may be
+# sent again (voices are not: an upload may have been stored before the connection broke)
+_RESENDABLE = frozenset({Endpoint.CHAT, Endpoint.SPEECH, Endpoint.TRANSCRIPTION})
 _METHODS = {
     Endpoint.CHAT: frozenset({b"POST"}),
     Endpoint.SPEECH: frozenset({b"POST"}),
@@ -51,11 +55,17 @@ _METHODS = {
 }
 
 
+def retry_backoff(base_s: float, attempt: int) -> float:
+    """Full-jitter exponential backoff before retry number ``attempt`` (1, 2, ...)."""
+    return random.uniform(0, base_s * 2 ** (attempt - 1))
+
+
 class Dispatch:
     """One request on its way to a worker (kept for retries)."""
 
     __slots__ = (
         "attempt",
+        "bind_key",
         "body",
         "c",
         "deadline",
@@ -78,6 +88,7 @@ class Dispatch:
         self.deadline = 0.0
         self.tried: set[str] = set()
         self.retryable = True  # the whole body is here (not a streamed upload): can be resent
+        self.bind_key: str | None = None  # a session bound by this request: undone if refused
 
 
 class Router:
@@ -124,6 +135,12 @@ class Router:
         path = url if q < 0 else url[:q]
         route = route_of(path)
         if route is None:
+            unserved = UNSERVED.get(path)
+            if unserved is not None:
+                client.route = "other"
+                err = OmniError(404, RouterErrorCode.ENDPOINT_NOT_SERVED, unserved)  # type: ignore[arg-type]
+                self._fail(client, err)
+                return
             client.route = "models" if path == b"/v1/models" else "admin"
             self._admin(client, req, path)
             return
@@ -132,23 +149,8 @@ class Router:
         if req.method not in _METHODS[endpoint]:
             self._fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
             return
-        auth = ctype = session = None
-        keys = self.api_keys
-        sh = self.session_header
-        fwd: list[bytes] = []
-        for name, value in req.headers:
-            if name in DROP_REQUEST or name.startswith(b"x-omni-"):
-                continue
-            if name == b"content-type":
-                ctype = value
-            elif name == b"authorization":
-                auth = value
-                if keys is not None:
-                    continue  # the router's credential, not the worker's
-            elif name == sh:
-                session = value
-            fwd += (name, b": ", value, b"\r\n")
-        if keys is not None and not self._key_ok(auth):
+        h = read_client_headers(req.headers, self.session_header, self.api_keys is None)
+        if self.api_keys is not None and not self._key_ok(h.auth):
             self._unauthorized(client)
             return
         if endpoint is Endpoint.REALTIME:
@@ -158,18 +160,19 @@ class Router:
             return
         if json_routed:
             try:
-                c = classify_json(endpoint, req.body, ctype, self.session_from_user)
+                c = classify_json(endpoint, req.body, h.content_type, self.session_from_user)
             except OmniError as exc:
                 self._fail(client, exc)
                 return
         else:
             c = Classified(endpoint)
-        admitted = self._admit(client, c, session)
+        admitted = self._admit(client, c, h.session)
         if admitted is None:
             return
         capable, open_ = admitted
         self.in_flight += 1
         body = req.body
+        fwd = h.forward
         rid_line = self._rid_line()
         if body is None:  # a streamed upload: its body follows, framed as the client framed it
             body = b""
@@ -218,16 +221,18 @@ class Router:
         capable: list[WorkerState],
         open_: list[WorkerState],
     ) -> None:
-        worker = await self._session_worker(d.c, capable, open_)
+        worker = await self._session_worker(d, capable, open_)
         if client.closed:
             self.in_flight -= 1
             return
         self._send(client, worker, d)
 
     async def _session_worker(
-        self, c: Classified, capable: list[WorkerState], open_: list[WorkerState]
+        self, d: Dispatch, capable: list[WorkerState], open_: list[WorkerState]
     ) -> WorkerState:
-        """The worker for a request or WebSocket with a session key (Redis affinity)."""
+        """The worker for a request or WebSocket with a session key (Redis affinity). A new
+        session's binding is undone if its worker refuses the request (``d.bind_key``)."""
+        c = d.c
         worker, outcome = await self.affinity.resolve(
             c.session_key,  # type: ignore[arg-type]
             capable,
@@ -237,6 +242,8 @@ class Router:
         )
         self.metrics.affinity[outcome.value] += 1
         self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
+        if outcome is AffinityOutcome.NEW:
+            d.bind_key = c.session_key
         return worker
 
     def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
@@ -274,35 +281,8 @@ class Router:
                     Upstream, min(s.connect_timeout_s, max(0.001, d.deadline - time.monotonic()))
                 )
             except (OSError, TimeoutError) as exc:
-                if is_exhaustion(exc):  # the router's own fault: no worker is to blame
-                    self._exhausted(client, exc)
-                    return
-                # nothing of the request was sent: safe to try another worker
-                self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
-                d.tried.add(worker.id)
-                d.attempt += 1
-                nxt = self._retry_target(d)
-                backoff = random.uniform(0, s.retry_backoff_s * (2 ** (d.attempt - 1)))
-                if (
-                    nxt is None
-                    or d.attempt >= s.max_attempts
-                    or time.monotonic() + backoff >= d.deadline
-                ):
-                    self.in_flight -= 1
-                    self._fail(
-                        client,
-                        OmniError(
-                            503,
-                            ErrorCode.WORKER_UNAVAILABLE,
-                            f"could not connect to a worker ({d.attempt} tried)",
-                        ),
-                        retry_after=True,
-                    )
-                    return
-                self.metrics.policy["retried"] += 1
-                await asyncio.sleep(backoff)
-                if client.closed:
-                    self.in_flight -= 1
+                nxt = await self._after_connect_failure(client, worker, d, exc)
+                if nxt is None:
                     return
                 worker = nxt
                 conn = worker.pool.take()  # type: ignore[union-attr]
@@ -314,6 +294,35 @@ class Router:
                 return
             self._attach(client, worker, conn, d)
             return
+
+    async def _after_connect_failure(
+        self, client: ClientConnection, worker: WorkerState, d: Dispatch, exc: BaseException
+    ) -> WorkerState | None:
+        """Connecting to ``worker`` failed, so nothing of the request was sent: the next worker
+        to try, after a jittered backoff; None once the client has its answer (or is gone).
+        The one retry rule for requests and WebSocket upgrades alike."""
+        if is_exhaustion(exc):  # the router's own fault: no worker is to blame
+            self._exhausted(client, exc)
+            return None
+        s = self.settings
+        self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
+        d.tried.add(worker.id)
+        d.attempt += 1
+        nxt = self._retry_target(d)
+        backoff = retry_backoff(s.retry_backoff_s, d.attempt)
+        if nxt is None or d.attempt >= s.max_attempts or time.monotonic() + backoff >= d.deadline:
+            self.in_flight -= 1
+            message = f"could not connect to a worker ({d.attempt} tried)"
+            self._fail(
+                client, OmniError(503, ErrorCode.WORKER_UNAVAILABLE, message), retry_after=True
+            )
+            return None
+        self.metrics.policy["retried"] += 1
+        await asyncio.sleep(backoff)
+        if client.closed:
+            self.in_flight -= 1
+            return None
+        return nxt
 
     def _exhausted(self, client: ClientConnection, exc: BaseException) -> None:
         """The router could not open a worker connection for want of its own resources."""
@@ -361,6 +370,9 @@ class Router:
         elapsed = time.monotonic() - client.started
         if worker is not None:
             worker.latency += 0.2 * (elapsed - worker.latency)
+            d = client.dispatch
+            if d is not None and d.bind_key is not None and status >= 400:
+                self._spawn(self.affinity.unbind(d.bind_key, worker.id))
         self.metrics.request(client.route, status, elapsed)
         client.finish()
 
@@ -383,25 +395,46 @@ class Router:
     def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None:
         """The worker answered 503 ``draining``: it refused the request before doing anything
         (it began draining after it was chosen), so the request goes to another worker."""
-        worker = client.worker
+        self._resend_elsewhere(
+            client, OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining")
+        )
+
+    def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None:
+        """The worker closed or reset the connection before sending a single response byte
+        (killed mid-request, or a pooled connection it closed as the request went out). A
+        generation request that the router holds whole goes to another worker; anything
+        else (a voice upload above all: the voice may be stored) fails as sent."""
         d = client.dispatch
+        reason = "worker closed the connection before answering"
+        if d is None or not d.retryable or d.c.endpoint not in _RESENDABLE:
+            self.exchange_failed(client, conn, reason)
+            return
+        worker = client.worker
+        if worker is not None:
+            worker.errors += 1
+            self._transport_failure(worker, reason)
+        self._resend_elsewhere(
+            client, OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
+        )
+
+    def _resend_elsewhere(self, client: ClientConnection, err: OmniError) -> None:
+        """Send the client's current request, unanswered by its worker, to another one; or
+        answer ``err`` when no other worker (or attempt) is left."""
+        worker = client.worker
+        d: Dispatch = client.dispatch  # type: ignore[assignment]
         self.active.discard(client)
         client.upstream = None
         if worker is not None:
             worker.in_flight -= 1
-            d.tried.add(worker.id)  # type: ignore[union-attr]
-        nxt = self._retry_target(d)  # type: ignore[arg-type]
+            d.tried.add(worker.id)
+        d.attempt += 1
+        nxt = self._retry_target(d) if d.attempt < self.settings.max_attempts else None
         if nxt is None:
             self.in_flight -= 1
-            self._fail(
-                client,
-                OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining"),
-                retry_after=True,
-                extra=client.extra_headers,
-            )
+            self._fail(client, err, retry_after=err.status == 503, extra=client.extra_headers)
             return
         self.metrics.policy["retried"] += 1
-        self._send(client, nxt, d)  # type: ignore[arg-type]
+        self._send(client, nxt, d)
 
     def exchange_aborted(self, client: ClientConnection) -> None:
         """The client went away mid-exchange."""
@@ -472,26 +505,16 @@ class Router:
         path = url.split(b"?", 1)[0]
         route = route_of(path)
         client.route = route[0].value if route else "other"
-        auth = session = None
-        fwd: list[bytes] = []
-        for name, value in req.headers:
-            if name == b"authorization":
-                auth = value
-                if self.api_keys is not None:
-                    continue
-            elif name == self.session_header:
-                session = value
-            if name in DROP_REQUEST or name.startswith(b"x-omni-"):
-                continue
-            fwd += (name, b": ", value, b"\r\n")
-        if self.api_keys is not None and not self._key_ok(auth):
+        h = read_client_headers(req.headers, self.session_header, self.api_keys is None)
+        fwd = h.forward
+        if self.api_keys is not None and not self._key_ok(h.auth):
             self._unauthorized(client)
             return
         if route is None:
             self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
             return
         c = Classified(route[0])
-        admitted = self._admit(client, c, session)
+        admitted = self._admit(client, c, h.session)
         if admitted is None:
             return
         capable, open_ = admitted
@@ -513,7 +536,7 @@ class Router:
     ) -> None:
         c = d.c
         if c.session_key is not None:
-            worker = await self._session_worker(c, capable, open_)
+            worker = await self._session_worker(d, capable, open_)
         else:
             worker = self.choose(open_, c.stage_class, None)
             self.metrics.affinity[AffinityOutcome.NONE.value] += 1
@@ -546,23 +569,9 @@ class Router:
                     s.connect_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:
-                if is_exhaustion(exc):
-                    self._exhausted(client, exc)
+                nxt = await self._after_connect_failure(client, worker, d, exc)
+                if nxt is None:
                     return
-                self._transport_failure(worker, f"connect: {exc}")
-                d.tried.add(worker.id)
-                d.attempt += 1
-                nxt = self._retry_target(d)
-                if nxt is None or d.attempt >= s.max_attempts or time.monotonic() > d.deadline:
-                    self.in_flight -= 1
-                    self._fail(
-                        client,
-                        OmniError(503, ErrorCode.WORKER_UNAVAILABLE, "could not reach a worker"),
-                        retry_after=True,
-                    )
-                    return
-                self.metrics.policy["retried"] += 1
-                await asyncio.sleep(random.uniform(0, s.retry_backoff_s * 2**d.attempt))
                 worker = nxt
                 continue
             worker.in_flight += 1
@@ -729,6 +738,7 @@ class Router:
         for tick in itertools.count():
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
+            self.affinity.log_summary(now)
             for client in list(self.active):
                 conn = client.upstream
                 if conn is None:

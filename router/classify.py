@@ -12,11 +12,15 @@ from fleet.records import Endpoint, Modality
 # path -> (endpoint, body is JSON that routing reads)
 ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     b"/v1/chat/completions": (Endpoint.CHAT, True),
-    b"/v1/completions": (Endpoint.CHAT, True),
     b"/v1/audio/speech": (Endpoint.SPEECH, True),
     b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
     b"/v1/audio/voices": (Endpoint.VOICES, False),
     b"/v1/realtime": (Endpoint.REALTIME, False),
+}
+# OpenAI paths that no worker serves: refused at the router with 404 and what to use instead
+# (a worker that serves one advertises an Endpoint for it, and the path moves to ROUTES)
+UNSERVED: dict[bytes, str] = {
+    b"/v1/completions": "no worker in this fleet serves text completions; use /v1/chat/completions",
 }
 # metric label of each endpoint (a fixed vocabulary)
 ROUTE_LABEL = {e: e.value for e in Endpoint}

@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
+from fleet.records import LoadReport
 from router.classify import StageClass
 from router.settings import Policy
 from router.view import WorkerState
@@ -32,15 +33,22 @@ def load_score(worker: WorkerState, stage_class: str) -> float:
     score = float(worker.in_flight)
     load = worker.fresh_load()
     if load is not None:
-        primary = PRIMARY_STAGES[stage_class]
-        if load.queue_depth or load.busy:
-            for stage, depth in load.queue_depth.items():
-                score += depth if stage in primary else SECONDARY_WEIGHT * depth
-            for stage, busy in load.busy.items():
-                score += busy if stage in primary else SECONDARY_WEIGHT * busy
-        else:
-            score += load.in_flight
+        score += reported_load(load, stage_class)
     return score / worker.capacity
+
+
+def reported_load(load: LoadReport, stage_class: str) -> float:
+    """The worker's own measure of its load on the stages this request class uses: queue
+    depth and busy fraction, primary stages at full weight; its in-flight count without them."""
+    if not (load.queue_depth or load.busy):
+        return float(load.in_flight)
+    primary = PRIMARY_STAGES[stage_class]
+    total = 0.0
+    for stage, depth in load.queue_depth.items():
+        total += depth if stage in primary else SECONDARY_WEIGHT * depth
+    for stage, busy in load.busy.items():
+        total += busy if stage in primary else SECONDARY_WEIGHT * busy
+    return total
 
 
 def choose_load(workers: Sequence[WorkerState], stage_class: str, key: str | None) -> WorkerState:
@@ -107,14 +115,29 @@ CHOOSERS: dict[Policy, Chooser] = {
 }
 
 
+def placement_load(worker: WorkerState, stage_class: str, reports: bool = True) -> float:
+    """Requests on the worker as well as this router knows: its own in-flight count, or the
+    worker's fresh report when that says more (the report counts every router's requests,
+    this one's included, so the two are not added)."""
+    own = float(worker.in_flight)
+    load = worker.fresh_load() if reports else None
+    return own if load is None else max(own, reported_load(load, stage_class))
+
+
 def over_bound(
-    worker: WorkerState, workers: Sequence[WorkerState], stage_class: str, bound: float
+    worker: WorkerState,
+    workers: Sequence[WorkerState],
+    stage_class: str,
+    bound: float,
+    reports: bool = True,
 ) -> bool:
     """Bounded load (consistent hashing with bounded loads, Mirrokni et al.): is ``worker``,
-    with the request about to be placed, above ``ceil(bound x mean)`` requests? The ceiling
-    gives integer slack, so that at low load one extra request never moves a session."""
+    with this request placed on it, above ``ceil(bound x mean)`` of the fleet's load counted
+    with this request? The ceiling gives integer slack, so that at low load one extra request
+    never moves a session. ``reports=False`` decides on this router's own counts only."""
     if len(workers) < 2:
         return False
-    mean = (sum(load_score(w, stage_class) for w in workers) + 1 / worker.capacity) / len(workers)
-    mine = load_score(worker, stage_class) * worker.capacity + 1
+    total = sum(placement_load(w, stage_class, reports) / w.capacity for w in workers)
+    mean = (total + 1 / worker.capacity) / len(workers)
+    mine = placement_load(worker, stage_class, reports) + 1
     return mine > math.ceil(bound * mean * worker.capacity - 1e-9)

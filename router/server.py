@@ -473,3 +473,6 @@ class ClientConnection(asyncio.Protocol):
 
     def upstream_refused(self, conn: Upstream) -> None:
         self.router.exchange_refused(self, conn)
+
+    def upstream_reset(self, conn: Upstream) -> None:
+        self.router.exchange_reset(self, conn)

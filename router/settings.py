@@ -39,6 +39,9 @@ class RouterSettings(OmniSettings):
     affinity_bound: float = Field(
         1.25, ge=1.0, description="a binding yields when its worker is above bound x mean load"
     )
+    move_log_interval_s: float = Field(
+        60.0, gt=0, description="period of the log line that sums up session moves"
+    )
 
     # admission and limits
     max_in_flight: int = Field(8192, ge=1, description="in-flight limit over all processes")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -48,6 +49,7 @@ class WorkerState:
         "pool",
         "port",
         "record",
+        "report_waiters",
         "requests",
         "static",
         "streaming",
@@ -71,6 +73,7 @@ class WorkerState:
         self.latency = 0.0  # moving average of request duration (s), a tie-breaker for `load`
         self.load: LoadReport | None = None
         self.load_at = 0.0
+        self.report_waiters: list[asyncio.Future[None]] = []  # see next_report()
         self.pool: Pool | None = None
         self.url = ""
         self.update_record(record, settings)
@@ -96,8 +99,31 @@ class WorkerState:
         self.models = None if self.static else frozenset(record.served_models)
 
     def update_load(self, report: LoadReport) -> None:
+        current = self.load
+        if current is not None and report.at < current.at and self.fresh_load() is not None:
+            return  # a resync read an older report than the one published since
         self.load = report
         self.load_at = time.monotonic()
+        waiters, self.report_waiters = self.report_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def report_after(self, at: float, timeout_s: float) -> bool:
+        """Wait for a load report the worker made after ``at`` (wall clock, as reports are
+        stamped); False if none came within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.load is None or self.load.at <= at:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            waiter = asyncio.get_running_loop().create_future()
+            self.report_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                return False
+        return True
 
     def fresh_load(self) -> LoadReport | None:
         if self.load is not None and time.monotonic() - self.load_at < LOAD_STALE_S:

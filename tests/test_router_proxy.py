@@ -363,3 +363,12 @@ def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
         router.stop()
         bad.stop()
         good.stop()
+
+
+def test_text_completions_are_refused_with_a_clear_404(router: Router, workers) -> None:
+    before = sum(w.stats()["requests"] for w in workers)
+    r = httpx.post(router.url + "/v1/completions", json={"model": "fake-model", "prompt": "hi"})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == "endpoint_not_served" and "/v1/chat/completions" in error["message"]
+    assert sum(w.stats()["requests"] for w in workers) == before  # no worker was asked

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
+from router.http.headers import connection_named, without_headers
 from router.http.pool import peek_socket, peer_closed
 from router.http.wire import DROP_RESPONSE, chunk, sse_error_event, status_line
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from router.http.pool import Pool
 
 IDLE, WAITING, BODY = 0, 1, 2
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -40,10 +42,12 @@ class Downstream(Protocol):
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
     def upstream_refused(self, conn: Upstream) -> None: ...
+    def upstream_reset(self, conn: Upstream) -> None: ...
 
 
 class Upstream(asyncio.Protocol):
     __slots__ = (
+        "answered",
         "chunked_in",
         "chunked_out",
         "client",
@@ -87,6 +91,7 @@ class Upstream(asyncio.Protocol):
         self.fail_reason = ""
         self.paused = False  # reading paused for a slow client
         self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
+        self.answered = False  # some byte of a response to the current request came back
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -95,6 +100,7 @@ class Upstream(asyncio.Protocol):
         self.sock = peek_socket(transport)
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -123,7 +129,10 @@ class Upstream(asyncio.Protocol):
             return
         if self.state == WAITING:
             self.state = IDLE
-            client.upstream_failed(self, self.fail_reason or "worker closed the connection")
+            if not self.answered and not self.fail_reason:
+                client.upstream_reset(self)  # nothing came back: the router may resend
+            else:
+                client.upstream_failed(self, self.fail_reason or "worker closed the connection")
             return
         self.state = IDLE
         if self.until_close and not self.fail_reason:
@@ -153,6 +162,7 @@ class Upstream(asyncio.Protocol):
         self.headers = []
         self.head = None
         self.fail_reason = ""
+        self.answered = False
         self.sent_at = self.last_activity = time.monotonic()
         self.transport.write(data)  # type: ignore[union-attr]
 
@@ -211,6 +221,7 @@ class Upstream(asyncio.Protocol):
             return
         parts = [status_line(status)]
         length: bytes | None = None
+        connection: list[bytes] | None = None
         chunked_in = sse = False
         for name, value in self.headers:
             lname = name.lower()
@@ -219,10 +230,14 @@ class Upstream(asyncio.Protocol):
                     length = value
                 elif lname == b"transfer-encoding":
                     chunked_in = b"chunked" in value.lower()
+                elif lname == b"connection" and value.lower() not in _PLAIN_CONNECTION:
+                    connection = [value] if connection is None else [*connection, value]
                 continue
             if lname == b"content-type" and value.startswith(b"text/event-stream"):
                 sse = True
             parts += (name, b": ", value, b"\r\n")
+        if connection is not None:  # headers the worker marked hop-by-hop stay here too
+            parts = [parts[0], *without_headers(parts[1:], connection_named(connection))]
         parts.append(client.extra_headers)
         no_body = status in _NO_BODY_STATUS or status < 200 or client.head_only
         self.chunked_in = chunked_in

@@ -77,3 +77,79 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of the process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime in clock ticks (USER_HZ)
+
+
+class RawWorker:
+    """A minimal HTTP worker on a thread, for what the fake worker cannot do: record request
+    heads verbatim, add response headers, or reset a connection without answering.
+
+    ``/health`` is always answered 200. Other requests: ``reset`` -> the connection is reset
+    (RST) right after the request head arrives; otherwise a 200 JSON answer with
+    ``extra_headers``. Every non-health request head is kept in ``heads``."""
+
+    def __init__(self, reset: bool = False, extra_headers: bytes = b"") -> None:
+        import threading
+
+        self.reset = reset
+        self.extra_headers = extra_headers
+        self.heads: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.closed = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        import struct
+
+        buf = b""
+        with conn:
+            conn.settimeout(10)
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        piece = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not piece:
+                        return
+                    buf += piece
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                if head.startswith(b"GET /health "):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                    continue
+                self.heads.append(head)
+                if self.reset:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return  # closing with linger 0 sends RST
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buf) < length:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    buf += piece
+                buf = buf[length:]
+                body = b'{"choices": [{"message": {"content": "raw"}}]}'
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n%b\r\n%b" % (len(body), self.extra_headers, body)
+                )
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()

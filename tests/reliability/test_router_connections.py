@@ -65,10 +65,8 @@ def test_connection_cap_refuses_before_descriptors_run_out() -> None:
             sock.settimeout(2)
             refused.append(read_until_closed(sock))
         assert all(status_and_code(a) == (503, "too_many_connections") for a in refused), refused[0]
-    finally:
         for sock in held:
             sock.close()
-    try:
         wait_for(lambda: httpx.get(url + "/live", timeout=1).status_code == 200, 10)
         workers = httpx.get(url + "/diagnostics", timeout=5).json()["workers"]
         assert workers[0]["health"]["healthy"] and workers[0]["health"]["probe_failures"] == 0
@@ -77,5 +75,7 @@ def test_connection_cap_refuses_before_descriptors_run_out() -> None:
         assert "omni_router_probes_failed_total 0.0" in metrics
         assert chat(url).status_code == 200
     finally:
+        for sock in held:
+            sock.close()
         router.stop()
         worker.stop()
