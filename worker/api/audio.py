@@ -108,8 +108,9 @@ def decode_audio(
 
     Length and decoded size (rate x channels x seconds) are checked from the header before a
     sample is decoded, so a 100 KB file of 8-channel 192 kHz silence is refused for nothing.
-    Headers can lie, so the same bounds hold while decoding, block by block, each block
-    down-mixed at once: memory stays near the mono result, whatever the channel count.
+    Headers can lie: decoding never goes past the header's length (a file without one is
+    refused), block by block, each block down-mixed at once into the mono result, so memory
+    stays near that result whatever the channel count.
     ``max_decoded_bytes`` defaults to the limit of the worker serving this request.
     """
     if not data:
@@ -130,29 +131,27 @@ def decode_audio(
             raise _too_long(seconds, max_seconds, param)
         if frames * channels * 4 > limit:
             raise _too_large(rate, channels, seconds, limit, param)
-        max_frames = min(int(max_seconds * rate), limit // (channels * 4))
+        # One mono array of the header's length, filled block by block: memory is the mono
+        # result plus one block, whatever the channel count. soundfile never reads past the
+        # header's frame count, so a header that under-states the length only shortens it.
+        mono = np.empty(frames, dtype=np.float32)
         block = max(1024, _BLOCK_SAMPLES // channels)
-        parts: list[np.ndarray] = []
         decoded = 0
         try:
             while chunk := len(samples := source.read(block, dtype="float32", always_2d=True)):
+                if decoded + chunk > frames:  # cannot happen with soundfile; never grow
+                    raise invalid_audio("audio holds more samples than its header says", param)
+                np.mean(samples, axis=1, dtype=np.float32, out=mono[decoded : decoded + chunk])
                 decoded += chunk
-                if decoded > max_frames:  # the header under-stated the length
-                    seconds = decoded / rate
-                    if seconds > max_seconds:
-                        raise _too_long(seconds, max_seconds, param)
-                    raise _too_large(rate, channels, seconds, limit, param)
-                parts.append(samples.mean(axis=1, dtype=np.float32))
                 if chunk < block:
                     break
         except OmniError:
             raise
         except Exception as exc:
             raise _decode_failed(exc, param) from exc
-    if not parts:
+    if decoded == 0:
         raise invalid_audio("audio has no samples", param)
-    mono = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    del parts
+    mono = mono[:decoded]
     if not np.isfinite(mono).all():
         raise invalid_audio("audio contains NaN or infinite samples", param)
     return resample(mono, rate, target_rate)
