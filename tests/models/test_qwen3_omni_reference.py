@@ -46,6 +46,72 @@ def _input_audio() -> tuple[bytes, np.ndarray]:
     return buf.getvalue(), pcm.astype(np.float32) / 32768.0
 
 
+def _image() -> tuple[str, np.ndarray]:
+    """A 40x56 RGB test pattern as a PNG data URL, and its pixels."""
+    from PIL import Image
+
+    y, x = np.mgrid[0:40, 0:56]
+    pixels = np.stack([x * 4, y * 6, (x + y) * 2], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), pixels
+
+
+def test_image_chat_equals_transformers_generate(tmp_path: Path) -> None:
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from worker.models.qwen3_omni.processor import OmniProcessor
+
+    url, pixels = _image()
+    cache = tmp_path / "cache"
+    worker = WorkerProcess("--spec", str(SPEC), "--gpus", "cpu", "--cache-dir", str(cache))
+    try:
+        worker.wait_ready(timeout=240)
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": PROMPT},
+        ]
+        body = {
+            "model": "tiny-qwen3-omni",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": MAX_TOKENS,
+        }
+        r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
+        assert r.status_code == 200, r.text
+        reply = r.json()
+    finally:
+        worker.proc.terminate()
+        worker.wait_exit(60)
+    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-qwen3-omni")]
+    proc = OmniProcessor(checkpoint)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": pixels}, {"type": "text", "text": PROMPT}],
+        }
+    ]
+    prepared = proc.prepare(messages)
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
+    im_end = json.loads((checkpoint / "config.json").read_text())["im_end_token_id"]
+    sequences = model.generate(
+        input_ids=torch.tensor([prepared.input_ids]),
+        pixel_values=torch.from_numpy(prepared.pixel_values),
+        image_grid_thw=torch.from_numpy(prepared.image_grid),
+        return_audio=False,
+        thinker_max_new_tokens=MAX_TOKENS,
+        thinker_eos_token_id=im_end,
+    )
+    tokens = sequences[0, len(prepared.input_ids) :].tolist()
+    if tokens and tokens[-1] == im_end:
+        tokens = tokens[:-1]
+    assert tokens
+    assert reply["usage"]["completion_tokens"] == len(tokens)
+    assert reply["choices"][0]["message"]["content"] == proc.tokenizer.decode(
+        tokens, skip_special_tokens=True
+    )
+
+
 def _reference(checkpoint: Path, audio: np.ndarray) -> tuple[str, int, np.ndarray]:
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration

@@ -25,7 +25,8 @@ from worker.api.common import (
 )
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
-from worker.api.schemas import AudioPart, ChatRequest, TextPart
+from worker.api.images import decode_image_url
+from worker.api.schemas import AudioPart, ChatRequest, ImagePart, TextPart
 from worker.api.voices import resolve_voice
 from worker.engine import (
     AUDIO_INPUT_RATE,
@@ -57,10 +58,17 @@ def _messages(service: WorkerService, body: ChatRequest) -> tuple[list[dict], np
             messages.append({"role": message.role, "content": message.content or ""})
             continue
         texts: list[str] = []
+        images: list[dict] = []
         for j, part in enumerate(message.content):
             param = f"messages.{i}.content.{j}"
             if isinstance(part, TextPart):
                 texts.append(part.text)
+            elif isinstance(part, ImagePart):
+                if Modality.IMAGE not in service.capabilities.input_modalities:
+                    raise _bad(f"model {body.model!r} takes no image input", param)
+                images.append(
+                    {"type": "image", "image": decode_image_url(part.image_url.url, param)}
+                )
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no audio input", param)
@@ -69,7 +77,11 @@ def _messages(service: WorkerService, body: ChatRequest) -> tuple[list[dict], np
                 clip = audio.decode_audio(raw, max_seconds=max(left, 0.0), param=param)
                 total_seconds += clip.size / AUDIO_INPUT_RATE
                 clips.append(clip)
-        messages.append({"role": message.role, "content": "".join(texts)})
+        if images:  # structured content for models that take images (audio joins separately)
+            text = [{"type": "text", "text": "".join(texts)}] if texts else []
+            messages.append({"role": message.role, "content": [*images, *text]})
+        else:
+            messages.append({"role": message.role, "content": "".join(texts)})
     joined = np.concatenate(clips).astype(np.float32) if clips else None
     return messages, joined
 

@@ -37,9 +37,19 @@ class AudioPart(Body):
     input_audio: InputAudio
 
 
+class ImageUrl(Body):
+    url: str = Field(min_length=1, description="a data:image/...;base64 URL")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart | AudioPart] | None = None
+    content: str | list[TextPart | AudioPart | ImagePart] | None = None
     name: str | None = None
     audio: dict[str, Any] | None = None  # a previous assistant turn's audio reference
     refusal: str | None = None
