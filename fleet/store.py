@@ -62,13 +62,15 @@ return redis.call('PUBLISH', ARGV[3], ARGV[1])
 # ARGV: name, record JSON, audio, owner ("" = none), fleet quota, key quota (-1 = no limit).
 _PUT_VOICE = """
 local new_bytes = string.len(ARGV[3])
-local old_bytes = redis.call('STRLEN', KEYS[2])
+local old_bytes = 0
 local old_owner = ''
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
   local ok, rec = pcall(cjson.decode, old)
+  -- a record written before quotas has no 'owner': its bytes were never counted
   if ok and type(rec) == 'table' and type(rec['owner']) == 'string' then
     old_owner = rec['owner']
+    old_bytes = redis.call('STRLEN', KEYS[2])
   end
 end
 local grows = new_bytes > old_bytes
@@ -106,10 +108,13 @@ local bytes = redis.call('STRLEN', KEYS[2])
 redis.call('DEL', KEYS[2])
 if not old then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+local ok, rec = pcall(cjson.decode, old)
+if not (ok and type(rec) == 'table' and type(rec['owner']) == 'string') then
+  return 1  -- stored before quotas: never counted
+end
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
 redis.call('SET', KEYS[3], math.max(0, total - bytes))
-local ok, rec = pcall(cjson.decode, old)
-if ok and type(rec) == 'table' and type(rec['owner']) == 'string' and rec['owner'] ~= '' then
+if rec['owner'] ~= '' then
   local left = redis.call('HINCRBY', KEYS[4], rec['owner'], -bytes)
   if left <= 0 then redis.call('HDEL', KEYS[4], rec['owner']) end
 end

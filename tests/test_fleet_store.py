@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import ErrorCode, error_body
 from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
 from fleet.settings import redacted_url
-from fleet.store import FleetStore, connect
+from fleet.store import FleetStore, VoiceQuotaExceeded, connect
 
 
 def record(worker_id: str = "w1") -> WorkerRecord:
@@ -91,6 +91,44 @@ async def test_voices_round_trip(store: FleetStore) -> None:
     assert [v.name for v in await store.list_voices()] == ["alice"]
     assert await store.delete_voice("alice") is True
     assert await store.get_voice("alice") is None
+
+
+async def test_voice_quotas_keep_exact_usage(store: FleetStore) -> None:
+    """Usage counters follow every put, replacement (also by another key) and delete, and a
+    refused put changes nothing."""
+
+    async def usage(owner: str = "") -> tuple[int, int]:
+        return await store.voice_usage(owner)
+
+    def voice(name: str, owner: str) -> VoiceRecord:
+        return VoiceRecord(name=name, bytes=0, owner=owner)
+
+    await store.put_voice(voice("a", "k1"), b"x" * 100, fleet_quota=250, key_quota=150)
+    await store.put_voice(voice("b", "k2"), b"x" * 100, fleet_quota=250, key_quota=150)
+    assert await usage("k1") == (200, 100)
+    with pytest.raises(VoiceQuotaExceeded) as err:  # the fleet is full
+        await store.put_voice(voice("c", "k3"), b"x" * 51, fleet_quota=250, key_quota=150)
+    assert (err.value.scope, err.value.used, err.value.limit) == ("fleet", 200, 250)
+    with pytest.raises(VoiceQuotaExceeded) as err:  # k1's own share is full
+        await store.put_voice(voice("a", "k1"), b"x" * 151, fleet_quota=None, key_quota=150)
+    assert err.value.scope == "key"
+    assert await usage("k1") == (200, 100) and await store.get_voice("c") is None
+    # k2 takes over "a": k1's share goes back, k2's grows
+    await store.put_voice(voice("a", "k2"), b"x" * 40, fleet_quota=250, key_quota=150)
+    assert await usage("k1") == (140, 0) and await usage("k2") == (140, 140)
+    # voices stored before quotas (records without "owner") were never counted: replacing
+    # or deleting one takes nothing from the counters
+    for name in ("old1", "old2"):
+        await store.redis.hset(store.keys.voices, name, f'{{"name": "{name}", "bytes": 5000}}')
+        await store.redis.set(store.keys.voice_audio(name), b"y" * 5000)
+    assert await store.delete_voice("old1") is True
+    assert await usage("k2") == (140, 140)
+    await store.put_voice(voice("old2", "k3"), b"x" * 10, fleet_quota=250, key_quota=150)
+    assert await usage("k3") == (150, 10)
+    assert await store.delete_voice("old2") is True
+    assert await store.delete_voice("a") and await store.delete_voice("b")
+    assert await usage("k2") == (0, 0)
+    assert await store.redis.hlen(store.keys.voice_bytes_by_owner) == 0
 
 
 def test_error_body_is_openai_shaped() -> None:
