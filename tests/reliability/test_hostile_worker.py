@@ -163,20 +163,12 @@ def chat_with_audio(w: InProcWorker, data: bytes) -> httpx.Response:
     )
 
 
-# Routes whose decoding runs on the decode threads. chat and transcription call the blocking
-# decode_audio until their one-line switch to decode_audio_async (see worker/api/audio.py);
-# strict xfail: the day they switch, these fail until the marker goes.
-NOT_YET_OFF_THE_LOOP = pytest.mark.xfail(
-    strict=True, reason="worker/api/chat.py, transcription.py still call decode_audio"
-)
-
-
 @pytest.mark.parametrize(
     "send",
     [
         pytest.param(lambda w, data: upload_voice(w, "slow", data), id="voice-upload"),
-        pytest.param(chat_with_audio, id="chat-input-audio", marks=NOT_YET_OFF_THE_LOOP),
-        pytest.param(transcribe, id="transcription", marks=NOT_YET_OFF_THE_LOOP),
+        pytest.param(chat_with_audio, id="chat-input-audio"),
+        pytest.param(transcribe, id="transcription"),
     ],
 )
 def test_decoding_runs_off_the_event_loop_and_the_heartbeat_lives(

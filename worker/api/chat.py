@@ -48,7 +48,9 @@ def _bad(message: str, param: str) -> OmniError:
     return OmniError(400, ErrorCode.INVALID_REQUEST, message, param)
 
 
-def _messages(service: WorkerService, body: ChatRequest) -> tuple[list[dict], np.ndarray | None]:
+async def _messages(
+    service: WorkerService, body: ChatRequest
+) -> tuple[list[dict], np.ndarray | None]:
     """Plain-text messages for the engine, and every input_audio part decoded and joined."""
     messages: list[dict] = []
     clips: list[np.ndarray] = []
@@ -74,7 +76,7 @@ def _messages(service: WorkerService, body: ChatRequest) -> tuple[list[dict], np
                     raise _bad(f"model {body.model!r} takes no audio input", param)
                 raw = audio.b64decode(part.input_audio.data, param)
                 left = service.settings.max_audio_seconds - total_seconds
-                clip = audio.decode_audio(raw, max_seconds=max(left, 0.0), param=param)
+                clip = await audio.decode_audio_async(raw, max_seconds=max(left, 0.0), param=param)
                 total_seconds += clip.size / AUDIO_INPUT_RATE
                 clips.append(clip)
         if images:  # structured content for models that take images (audio joins separately)
@@ -108,7 +110,7 @@ async def chat_completions(request: Request) -> Response:
             )
     ticket = service.admit(session_of(request, body.user))
     try:
-        messages, clip = _messages(service, body)
+        messages, clip = await _messages(service, body)
         voice, voice_audio = (None, None)
         if want_audio:
             assert body.audio is not None

@@ -44,7 +44,9 @@ async def transcriptions(request: Request) -> Response:
     if not isinstance(upload, UploadFile):
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "field 'file' (audio) is required", "file")
     data = await upload.read()
-    clip = audio.decode_audio(data, max_seconds=service.settings.max_audio_seconds, param="file")
+    clip = await audio.decode_audio_async(
+        data, max_seconds=service.settings.max_audio_seconds, param="file"
+    )
     session = session_of(request)
     ticket = service.admit(session)
     gen = GenerationRequest(
