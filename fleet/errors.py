@@ -19,6 +19,8 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for an oversize prompt
     VOICE_TOO_LARGE = "voice_too_large"
     VOICE_QUOTA_EXCEEDED = "voice_quota_exceeded"
+    URI_TOO_LONG = "uri_too_long"  # 414
+    HEADERS_TOO_LARGE = "headers_too_large"  # 431
     MODEL_NOT_FOUND = "model_not_found"
     VOICE_NOT_FOUND = "voice_not_found"
     NOT_FOUND = "not_found"

@@ -210,7 +210,9 @@ class Daemon:
                 timeout_keep_alive=5,
                 timeout_graceful_shutdown=5,
                 log_config=None,
-                http=http_protocol(),  # malformed requests get JSON errors too
+                # malformed requests get JSON errors too; the head is bounded (414 / 431)
+                http=http_protocol(settings.max_head_bytes),
+                h11_max_incomplete_event_size=settings.max_head_bytes,
             )
         )
         server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")

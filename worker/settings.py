@@ -48,6 +48,11 @@ class WorkerSettings(OmniSettings):
     load_interval: float = Field(0.25, gt=0, le=0.5, description="load report period (>= 2 Hz)")
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="request body limit")
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=16 * 1024,
+        description="request line + headers limit; over it: 414 (URL) or 431 (headers)",
+    )
     max_audio_seconds: float = Field(600.0, gt=0, description="longest accepted input audio")
     max_audio_decoded_bytes: int = Field(
         256 * 2**20,

@@ -92,7 +92,7 @@ def inproc_worker(settings: WorkerSettings, redis_url: str) -> Iterator[InProcWo
             create_app(service),
             log_level="warning",
             lifespan="off",
-            http=http_protocol(),
+            http=http_protocol(settings.max_head_bytes),
         )
     )
     store = FleetStore(connect(redis_url), FLEET)

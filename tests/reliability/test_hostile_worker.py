@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import io
 import socket
 import threading
@@ -381,3 +382,50 @@ def test_malformed_http_gets_an_openai_style_error(worker: InProcWorker, raw: by
     assert b"content-type: application/json" in head.lower()
     error = httpx.Response(400, content=body).json()["error"]
     assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
+
+
+def send_head(port: int, head: bytes) -> bytes:
+    """Send a request head in pieces until the worker answers; the answer (or b"")."""
+    import select
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for i in range(0, len(head), 16 * 1024):
+            try:
+                sock.sendall(head[i : i + 16 * 1024])
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if select.select([sock], [], [], 0.01)[0]:
+                break
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)  # done sending: the worker closes at once
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+        return reply
+
+
+def test_request_heads_are_bounded(redis_url: str) -> None:
+    """uvicorn grows a URL with ``+=`` (a 64 MB one cost 10 s of the event loop) and keeps any
+    header: past --max-head-bytes the worker answers 414 / 431 and closes."""
+    with inproc_worker(settings(max_head_bytes=32 * 1024), redis_url) as w:
+        url = b"GET /" + b"a" * 2**20 + b" HTTP/1.1\r\nHost: w\r\n\r\n"
+        header = b"GET /health HTTP/1.1\r\nHost: w\r\nX-Big: " + b"a" * 2**20 + b"\r\n\r\n"
+        many = b"GET /health HTTP/1.1\r\n" + b"X-H: 0123456789abcdef\r\n" * 50_000 + b"\r\n"
+        for head, status, code in (
+            (url, 414, "uri_too_long"),
+            (header, 431, "headers_too_large"),
+            (many, 431, "headers_too_large"),
+        ):
+            reply = send_head(w.port, head)
+            first, _, rest = reply.partition(b"\r\n")
+            assert first.startswith(b"HTTP/1.1 %d" % status), reply[:300]
+            body = rest.partition(b"\r\n\r\n")[2]
+            assert httpx.Response(status, content=body).json()["error"]["code"] == code
+        # heads under the limit are served as before
+        near = {f"x-h{i}": "v" * 200 for i in range(100)}  # ~21 KB of headers
+        assert httpx.get(w.url + "/health", headers=near, timeout=10).status_code == 200
+        r = httpx.get(w.url + "/" + "b" * 20_000, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

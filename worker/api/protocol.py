@@ -1,7 +1,13 @@
 """The HTTP/1.1 protocol the worker serves: uvicorn's own (httptools when installed, else
-h11), except that a request it cannot parse gets the worker's OpenAI-style JSON error instead
-of uvicorn's plain-text "Invalid HTTP request received.". uvicorn answers those before any
-ASGI code runs, so this is the one place to change it."""
+h11), with two changes uvicorn cannot be configured for, because they happen before any ASGI
+code runs:
+
+- a request it cannot parse gets the worker's OpenAI-style JSON error instead of uvicorn's
+  plain-text "Invalid HTTP request received.";
+- the request head (request line and headers) is bounded: uvicorn's httptools protocol grows
+  the URL with ``+=`` and httptools a header value likewise, so a 64 MB URL cost 10 s of the
+  event loop (the heartbeat with it) and a 64 MB header 300 MB. Past ``max_head_bytes`` the
+  client gets 414 (the URL) or 431 (the headers) and the connection closes."""
 
 from __future__ import annotations
 
@@ -16,24 +22,36 @@ try:
 except ImportError:  # httptools is optional for uvicorn
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+_LINGER_S = 2.0  # after refusing a head: how long its connection is read and dropped
+_LINGER_BYTES = 4 * 2**20  # ... and how much of it
+_REASONS = {400: b"Bad Request", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
-def malformed_response(reason: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A complete 400 response; the connection closes after it (its framing is unknown)."""
-    body = error_bytes(
-        400, ErrorCode.INVALID_REQUEST, f"malformed HTTP request: {reason.rstrip('.')}"
-    )
-    head = [b"HTTP/1.1 400 Bad Request\r\n"]
+
+def error_response(
+    status: int, code: ErrorCode, message: str, default_headers: list[tuple[bytes, bytes]]
+) -> bytes:
+    """A complete error response; the connection closes after it (its framing is unknown)."""
+    body = error_bytes(status, code, message)
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head += [
         b"content-type: application/json\r\n",
         b"content-length: %d\r\n" % len(body),
-        b"x-omni-error-code: " + ErrorCode.INVALID_REQUEST.value.encode() + b"\r\n",
+        b"x-omni-error-code: " + code.value.encode() + b"\r\n",
         b"connection: close\r\n\r\n",
     ]
     return b"".join(head) + body
 
 
+def malformed_response(reason: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    message = f"malformed HTTP request: {reason.rstrip('.')}"
+    return error_response(400, ErrorCode.INVALID_REQUEST, message, default_headers)
+
+
 class JsonErrorsH11(H11Protocol):
+    """h11 bounds the head itself (``h11_max_incomplete_event_size``) and answers 400."""
+
     def send_400_response(self, msg: str) -> None:
         # Written raw: h11's state machine is in its error state after a parse failure.
         self.transport.write(malformed_response(msg, self.server_state.default_headers))
@@ -43,13 +61,85 @@ class JsonErrorsH11(H11Protocol):
 if HttpToolsProtocol is not None:
 
     class JsonErrorsHttpTools(HttpToolsProtocol):
+        max_head_bytes = DEFAULT_MAX_HEAD_BYTES
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._in_head = False
+            self._messages = 0
+            self._head_bytes = 0
+            self._url_bytes = 0
+            self._lingering: int | None = None  # bytes discarded since the refusal
+            super().connection_made(transport)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head = True
+            self._messages += 1
+            self._head_bytes = 0
+            self._url_bytes = 0
+
+        def on_url(self, url: bytes) -> None:
+            self._url_bytes += len(url)
+            super().on_url(url)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering is not None:
+                self._linger(len(data))
+                return
+            before = (self._in_head, self._messages)
+            super().data_received(data)
+            if not self._in_head or self.transport.is_closing():
+                return
+            # A chunk fed while one message's head was open, and still open after it, is all
+            # head: the count is exact from a message's second chunk on, so the head can
+            # outgrow the limit by one read at most.
+            if before == (True, self._messages):
+                self._head_bytes += len(data)
+            if max(self._head_bytes, self._url_bytes) > self.max_head_bytes:
+                self._refuse_head()
+
+        def _refuse_head(self) -> None:
+            self._in_head = False
+            limit = self.max_head_bytes
+            if self._url_bytes > limit:
+                status, code = 414, ErrorCode.URI_TOO_LONG
+                message = f"the request URL is over this worker's limit of {limit} bytes"
+            else:
+                status, code = 431, ErrorCode.HEADERS_TOO_LARGE
+                message = f"the request headers are over this worker's limit of {limit} bytes"
+            self.logger.warning("refused a request head over %d bytes (%d)", limit, status)
+            headers = self.server_state.default_headers
+            self.transport.write(error_response(status, code, message, headers))
+            # Lingering close, as nginx does: closing with the client's bytes still unread
+            # makes the kernel send a reset that can destroy the response before the client
+            # reads it. Read and drop for a moment (bounded), then close.
+            self._lingering = 0
+            asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+
+        def _linger(self, size: int) -> None:
+            assert self._lingering is not None
+            self._lingering += size
+            if self._lingering > _LINGER_BYTES:
+                self.transport.close()
+
+        def eof_received(self) -> None:
+            if self._lingering is not None:
+                self.transport.close()
+                return
+            super().eof_received()
+
         def send_400_response(self, msg: str) -> None:
             self.transport.write(malformed_response(msg, self.server_state.default_headers))
             self.transport.close()
 
 
-def http_protocol() -> type[asyncio.Protocol]:
-    """What uvicorn's ``http="auto"`` would pick, answering malformed requests in JSON."""
-    if HttpToolsProtocol is not None:
-        return JsonErrorsHttpTools
-    return JsonErrorsH11
+def http_protocol(max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> type[asyncio.Protocol]:
+    """What uvicorn's ``http="auto"`` would pick, with JSON errors and a bounded head (give
+    uvicorn ``h11_max_incomplete_event_size=max_head_bytes`` too, for the h11 fallback)."""
+    if HttpToolsProtocol is None:
+        return JsonErrorsH11
+    return type("WorkerHttpTools", (JsonErrorsHttpTools,), {"max_head_bytes": max_head_bytes})
