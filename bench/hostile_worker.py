@@ -216,6 +216,32 @@ def scenarios(url: str, headers: dict[str, str]) -> list[tuple[str, Callable[[],
             replies.add(reply.split(b"\r\n", 1)[0].decode(errors="replace") + f" ({kind})")
         return ", ".join(sorted(replies))
 
+    def huge_head(kind: str, megabytes: int = 64) -> str:
+        """A URL or one header of ``megabytes``, sent until the worker answers."""
+        import select
+
+        size = megabytes * 2**20
+        if kind == "url":
+            start, end = b"GET /", b" HTTP/1.1\r\nHost: w\r\n\r\n"
+        else:
+            start, end = b"GET /health HTTP/1.1\r\nHost: w\r\nX-Big: ", b"\r\n\r\n"
+        piece = b"a" * 65536
+        sent = 0
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            try:
+                sock.sendall(start)
+                while sent < size and not select.select([sock], [], [], 0)[0]:
+                    sock.sendall(piece)
+                    sent += len(piece)
+                if sent >= size:
+                    sock.sendall(end)
+                sock.shutdown(socket.SHUT_WR)
+                reply = sock.recv(65536)
+            except OSError as exc:
+                return f"{type(exc).__name__} after {sent / 2**20:.1f} MB"
+        status = reply.split(b"\r\n", 1)[0].decode(errors="replace")
+        return f"{status} after {sent / 2**20:.2f} MB sent"
+
     bomb180 = silent_flac(180, 192_000, 8)
     bomb60 = silent_flac(60, 192_000, 8)
     wav31 = big_wav(30.7)
@@ -230,6 +256,8 @@ def scenarios(url: str, headers: dict[str, str]) -> list[tuple[str, Callable[[],
         ("voices of 29 s until the fleet quota", voice_quota),
         ("20 clients gone mid-body", lambda: gone_mid_body(20)),
         ("20 malformed requests", lambda: malformed(20)),
+        ("a 64 MB URL", lambda: huge_head("url")),
+        ("a 64 MB header", lambda: huge_head("header")),
     ]  # fmt: skip
 
 
