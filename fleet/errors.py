@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     VOICE_QUOTA_EXCEEDED = "voice_quota_exceeded"
     URI_TOO_LONG = "uri_too_long"  # 414
     HEADERS_TOO_LARGE = "headers_too_large"  # 431
+    PERMISSION_DENIED = "permission_denied"  # 403
     MODEL_NOT_FOUND = "model_not_found"
     VOICE_NOT_FOUND = "voice_not_found"
     NOT_FOUND = "not_found"

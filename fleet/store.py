@@ -56,8 +56,9 @@ return redis.call('PUBLISH', ARGV[3], ARGV[1])
 """
 
 
-# Stores a voice if the fleet's and its owner's quotas allow, replacing one of the same name;
-# keeps the usage counters exact. Returns {"ok"} or {scope, used, limit} ("fleet" | "key").
+# Stores a voice if the fleet's and its owner's quotas allow, replacing one of the same name
+# unless another API key owns that one; keeps the usage counters exact. Returns {"ok"}, or
+# {scope, used, limit} with scope "fleet" | "key" (over quota) | "owner" (someone else's).
 # KEYS: voices hash, the voice's audio, fleet usage counter, per-owner usage hash.
 # ARGV: name, record JSON, audio, owner ("" = none), fleet quota, key quota (-1 = no limit).
 _PUT_VOICE = """
@@ -73,13 +74,16 @@ if old then
     old_bytes = redis.call('STRLEN', KEYS[2])
   end
 end
+local owner = ARGV[4]
+if owner ~= '' and old_owner ~= '' and old_owner ~= owner then
+  return {'owner', 0, 0}
+end
 local grows = new_bytes > old_bytes
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
 local fleet_quota = tonumber(ARGV[5])
 if grows and fleet_quota >= 0 and total - old_bytes + new_bytes > fleet_quota then
   return {'fleet', total, fleet_quota}
 end
-local owner = ARGV[4]
 local key_quota = tonumber(ARGV[6])
 if owner ~= '' and key_quota >= 0 then
   local used = tonumber(redis.call('HGET', KEYS[4], owner) or '0')
@@ -100,16 +104,24 @@ if owner ~= '' then redis.call('HINCRBY', KEYS[4], owner, new_bytes) end
 return {'ok'}
 """
 
-# Deletes a voice and gives its bytes back to the fleet's and its owner's quotas.
-# Returns 1 if it existed. KEYS and ARGV[1] as for _PUT_VOICE.
+# Deletes a voice, unless another API key owns it, and gives its bytes back to the fleet's and
+# its owner's quotas. Returns 1 if it existed, 0 if not, -1 if someone else's.
+# KEYS as for _PUT_VOICE; ARGV: name, the caller's owner id ("" = no key: may delete any).
 _DELETE_VOICE = """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then
+  redis.call('DEL', KEYS[2])
+  return 0
+end
+local ok, rec = pcall(cjson.decode, old)
+local counted = ok and type(rec) == 'table' and type(rec['owner']) == 'string'
+if counted and ARGV[2] ~= '' and rec['owner'] ~= '' and rec['owner'] ~= ARGV[2] then
+  return -1
+end
 local bytes = redis.call('STRLEN', KEYS[2])
 redis.call('DEL', KEYS[2])
-if not old then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local ok, rec = pcall(cjson.decode, old)
-if not (ok and type(rec) == 'table' and type(rec['owner']) == 'string') then
+if not counted then
   return 1  -- stored before quotas: never counted
 end
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -120,6 +132,11 @@ if rec['owner'] ~= '' then
 end
 return 1
 """
+
+
+class VoiceOwnedByAnotherKey(Exception):
+    """Only the API key that uploaded a voice (or a caller without a key: an operator) may
+    replace or delete it."""
 
 
 class VoiceQuotaExceeded(Exception):
@@ -338,7 +355,8 @@ class FleetStore:
         key_quota: int | None = None,
     ) -> None:
         """Store (or replace) a voice, atomically within the quotas: stored voice bytes in the
-        fleet, and per ``record.owner``. Raises ``VoiceQuotaExceeded``; ``None``: no limit."""
+        fleet, and per ``record.owner``. Raises ``VoiceQuotaExceeded`` (``None``: no limit),
+        or ``VoiceOwnedByAnotherKey`` for a name another API key uploaded."""
         result = await self._put_voice(
             keys=self._voice_keys(record.name),
             args=[
@@ -350,6 +368,8 @@ class FleetStore:
                 -1 if key_quota is None else key_quota,
             ],
         )
+        if result[0] == b"owner":
+            raise VoiceOwnedByAnotherKey(record.name)
         if result[0] != b"ok":
             raise VoiceQuotaExceeded(result[0].decode(), int(result[1]), int(result[2]))
 
@@ -374,5 +394,10 @@ class FleetStore:
         raw = await self.redis.hvals(self.keys.voices)
         return sorted((VoiceRecord.model_validate_json(r) for r in raw), key=lambda v: v.name)
 
-    async def delete_voice(self, name: str) -> bool:
-        return bool(await self._delete_voice(keys=self._voice_keys(name), args=[name]))
+    async def delete_voice(self, name: str, owner: str = "") -> bool:
+        """False if there is no such voice; raises ``VoiceOwnedByAnotherKey`` if ``owner`` (the
+        caller's API key id) is set and another key uploaded it."""
+        result = await self._delete_voice(keys=self._voice_keys(name), args=[name, owner])
+        if result == -1:
+            raise VoiceOwnedByAnotherKey(name)
+        return bool(result)

@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import ErrorCode, error_body
 from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
 from fleet.settings import redacted_url
-from fleet.store import FleetStore, VoiceQuotaExceeded, connect
+from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded, connect
 
 
 def record(worker_id: str = "w1") -> WorkerRecord:
@@ -113,9 +113,17 @@ async def test_voice_quotas_keep_exact_usage(store: FleetStore) -> None:
         await store.put_voice(voice("a", "k1"), b"x" * 151, fleet_quota=None, key_quota=150)
     assert err.value.scope == "key"
     assert await usage("k1") == (200, 100) and await store.get_voice("c") is None
-    # k2 takes over "a": k1's share goes back, k2's grows
+    # another key may neither replace nor delete k1's voice; a caller without a key may
+    with pytest.raises(VoiceOwnedByAnotherKey):
+        await store.put_voice(voice("a", "k2"), b"x" * 40, fleet_quota=250, key_quota=150)
+    with pytest.raises(VoiceOwnedByAnotherKey):
+        await store.delete_voice("a", owner="k2")
+    assert await usage("k1") == (200, 100)
+    await store.put_voice(voice("a", ""), b"x" * 40, fleet_quota=250, key_quota=150)
+    assert await usage("k1") == (140, 0) and await usage("k2") == (140, 100)
+    # a voice without an owner may be taken over by any key, within its quota
     await store.put_voice(voice("a", "k2"), b"x" * 40, fleet_quota=250, key_quota=150)
-    assert await usage("k1") == (140, 0) and await usage("k2") == (140, 140)
+    assert await usage("k2") == (140, 140)
     # voices stored before quotas (records without "owner") were never counted: replacing
     # or deleting one takes nothing from the counters
     for name in ("old1", "old2"):

@@ -13,7 +13,7 @@ import redis.exceptions
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
-from fleet.store import FleetStore, VoiceQuotaExceeded
+from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec
 from worker.engine import Engine
 from worker.metrics import WorkerMetrics
@@ -188,6 +188,9 @@ class WorkerService:
         fleet_quota = self.settings.voice_quota_bytes
         key_quota = self.settings.voice_quota_bytes_per_key
         if self.store is None:
+            old = self._memory_voices.get(record.name)
+            if old is not None and record.owner and old[0].owner not in ("", record.owner):
+                raise VoiceOwnedByAnotherKey(record.name)
             others = [(r, a) for n, (r, a) in self._memory_voices.items() if n != record.name]
             total = sum(len(a) for _, a in others)
             if total + len(audio) > fleet_quota:
@@ -218,10 +221,14 @@ class WorkerService:
         except (redis.exceptions.RedisError, OSError) as exc:
             raise self._voice_store_down(exc) from exc
 
-    async def delete_voice(self, name: str) -> bool:
+    async def delete_voice(self, name: str, owner: str = "") -> bool:
+        """Raises ``VoiceOwnedByAnotherKey`` if ``owner`` is set and another key uploaded it."""
         if self.store is None:
+            old = self._memory_voices.get(name)
+            if old is not None and owner and old[0].owner not in ("", owner):
+                raise VoiceOwnedByAnotherKey(name)
             return self._memory_voices.pop(name, None) is not None
         try:
-            return await self.store.delete_voice(name)
+            return await self.store.delete_voice(name, owner)
         except (redis.exceptions.RedisError, OSError) as exc:
             raise self._voice_store_down(exc) from exc

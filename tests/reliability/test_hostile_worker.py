@@ -315,7 +315,13 @@ def test_each_api_key_has_its_own_quota(redis_url: str) -> None:
         client = redis.Redis.from_url(redis_url)
         usage = client.hgetall(KEYS.voice_bytes_by_owner)
         assert usage == {b"key-a": str(VOICE_STORED).encode(), b"key-b": usage[b"key-b"]}
-        assert httpx.delete(f"{w.url}/v1/audio/voices/a1", timeout=10).status_code == 200
+        # another key can neither replace nor delete it (or free its own quota that way)
+        error_of(upload_voice(w, "a1", data, key_id="key-b"), 403, "permission_denied")
+        as_b = {"x-omni-api-key-id": "key-b"}
+        refused = httpx.delete(f"{w.url}/v1/audio/voices/a1", headers=as_b, timeout=10)
+        error_of(refused, 403, "permission_denied")
+        as_a = {"x-omni-api-key-id": "key-a"}
+        assert httpx.delete(f"{w.url}/v1/audio/voices/a1", headers=as_a, timeout=10).is_success
         assert upload_voice(w, "a2", data, key_id="key-a").status_code == 200
 
 

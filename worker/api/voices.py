@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from fleet.api_keys import API_KEY_ID_HEADER
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import PCM16_24K, Endpoint, VoiceRecord
-from fleet.store import VoiceQuotaExceeded
+from fleet.store import VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from worker.api import audio
 from worker.api.common import read_form, service_of
 from worker.engine import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
@@ -72,6 +72,15 @@ def reference_audio(pcm16: bytes) -> np.ndarray:
 def _voice_json(record: VoiceRecord) -> dict:
     shown = record.model_dump(exclude={"owner", "format"})
     return {"object": "voice", "builtin": False, **shown}
+
+
+def _owned_error(name: str) -> OmniError:
+    return OmniError(
+        403,
+        ErrorCode.PERMISSION_DENIED,
+        f"voice {name!r} was uploaded with another API key; only that key may replace or delete it",
+        "name",
+    )
 
 
 def _quota_error(exc: VoiceQuotaExceeded) -> OmniError:
@@ -151,6 +160,8 @@ async def upload_voice(request: Request) -> dict:
         await service.put_voice(record, pcm16)
     except VoiceQuotaExceeded as exc:
         raise _quota_error(exc) from exc
+    except VoiceOwnedByAnotherKey as exc:
+        raise _owned_error(name) from exc
     return _voice_json(record)
 
 
@@ -170,7 +181,11 @@ async def delete_voice(name: str, request: Request) -> dict:
     service = service_of(request)
     if name in service.engine.speakers():
         raise OmniError(400, ErrorCode.INVALID_REQUEST, f"{name!r} is built in", "name")
-    if not await service.delete_voice(name):
+    try:
+        deleted = await service.delete_voice(name, request.headers.get(API_KEY_ID_HEADER, ""))
+    except VoiceOwnedByAnotherKey as exc:
+        raise _owned_error(name) from exc
+    if not deleted:
         raise voice_not_found(name, service.engine.speakers(), "name")
     return {"object": "voice", "name": name, "deleted": True}
 
