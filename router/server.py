@@ -409,6 +409,8 @@ class ClientConnection(asyncio.Protocol):
 
     def respond(self, data: bytes, status: int) -> None:
         """A response made by the router itself."""
+        if self.head_only:  # HEAD: the same head, no body (RFC 9110 9.3.2)
+            data = data[: data.find(b"\r\n\r\n") + 4]
         if not self.closed:
             self.transport.write(data)
         self.router.metrics.request(self.route, status, time.monotonic() - self.started)

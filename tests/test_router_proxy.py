@@ -372,3 +372,27 @@ def test_text_completions_are_refused_with_a_clear_404(router: Router, workers) 
     error = r.json()["error"]
     assert error["code"] == "endpoint_not_served" and "/v1/chat/completions" in error["message"]
     assert sum(w.stats()["requests"] for w in workers) == before  # no worker was asked
+
+
+def test_large_length_delimited_bodies_pass_through_exactly_on_reused_connections() -> None:
+    """Bodies of 16 KB and more are relayed without the parser (router.http.proxy.RAW_MIN);
+    the pooled worker connection must still frame the next response right."""
+    from tests.reliability.hostile import RawWorker
+
+    body = bytes(range(256)) * 800  # 200 KB, every byte value
+    worker = RawWorker(body=body)
+    router = Router("--worker", worker.url, name="router-raw")
+    try:
+        with httpx.Client(timeout=10) as client:
+            for i in range(6):
+                r = client.post(router.url + "/v1/audio/speech", json={"input": f"x{i}"})
+                assert r.status_code == 200 and r.content == body
+                assert r.headers["content-length"] == str(len(body))
+                h = client.head(router.url + "/live")  # a small answer between large ones
+                assert h.status_code in (200, 404, 405)
+        small = chat(router.url)
+        assert small.status_code == 200 and small.content == body
+        assert len(worker.heads) == 7
+    finally:
+        router.stop()
+        worker.close()

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 IDLE, WAITING, BODY = 0, 1, 2
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+# A length-delimited body with at least this much in the read that carries its head is relayed
+# as it comes (no parser pass, no copy); smaller bodies take the parser's path.
+RAW_MIN = 16384
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -48,6 +51,7 @@ class Downstream(Protocol):
 class Upstream(asyncio.Protocol):
     __slots__ = (
         "answered",
+        "body_length",
         "chunked_in",
         "chunked_out",
         "client",
@@ -60,6 +64,7 @@ class Upstream(asyncio.Protocol):
         "parser",
         "paused",
         "pool",
+        "raw_left",
         "refused",
         "sent_at",
         "sock",
@@ -92,6 +97,8 @@ class Upstream(asyncio.Protocol):
         self.paused = False  # reading paused for a slow client
         self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
         self.answered = False  # some byte of a response to the current request came back
+        self.body_length: int | None = None  # Content-Length of the response being relayed
+        self.raw_left = 0  # bytes of a length-delimited body still to relay unparsed
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -101,16 +108,63 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.answered = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.fail_reason = f"bad response from worker: {exc}"
-            self.transport.close()  # type: ignore[union-attr]
+        if self.raw_left:
+            self._relay_raw(data)
+            return
+        if self.state == WAITING and len(data) > RAW_MIN:
+            # a head followed by a large body in one read: parse the head alone, then relay
+            # a length-delimited body without copying it through the parser
+            end = data.find(b"\r\n\r\n") + 4
+            if end >= 4 and len(data) - end >= RAW_MIN:
+                view = memoryview(data)
+                if not self._feed(view[:end]):
+                    return
+                if (
+                    self.body_length
+                    and self.state == BODY
+                    and not self.refused
+                    and self.client is not None
+                ):
+                    self.raw_left = self.body_length
+                    self._relay_raw(view[end:])
+                    return
+                data = view[end:]  # type: ignore[assignment]
+        if not self._feed(data):
             return
         if self.head is not None and self.client is not None:
             # the head came without body bytes: send it now, a stream may wait for its first event
             self.client.transport.write(self.head)
             self.head = None
+
+    def _feed(self, data: bytes) -> bool:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail_reason = f"bad response from worker: {exc}"
+            self.transport.close()  # type: ignore[union-attr]
+            return False
+        return True
+
+    def _relay_raw(self, data: bytes | memoryview) -> None:
+        """Part of a length-delimited body: straight to the client, head first if unsent."""
+        left = self.raw_left
+        overrun = len(data) > left  # bytes past the body: the worker broke its framing
+        if overrun:
+            data = data[:left]
+        self.raw_left = left - len(data)
+        self.last_activity = time.monotonic()
+        client = self.client
+        if client is not None:
+            if self.head is not None:
+                client.transport.writelines((self.head, data))
+                self.head = None
+            else:
+                client.transport.write(data)
+        if self.raw_left == 0:
+            keep = self.parser.should_keep_alive() and not overrun
+            self.parser = httptools.HttpResponseParser(self)  # it saw the head only
+            if client is not None:
+                self._complete(keep)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -163,6 +217,7 @@ class Upstream(asyncio.Protocol):
         self.head = None
         self.fail_reason = ""
         self.answered = False
+        self.raw_left = 0
         self.sent_at = self.last_activity = time.monotonic()
         self.transport.write(data)  # type: ignore[union-attr]
 
@@ -245,8 +300,11 @@ class Upstream(asyncio.Protocol):
         self.chunked_out = False
         self.sse = sse
         self.last_piece = b"\n\n"
+        self.body_length = None
         if length is not None and not chunked_in:
             parts += (b"content-length: ", length, b"\r\n")
+            if not no_body:
+                self.body_length = int(length)
         elif not no_body:
             self.until_close = not chunked_in
             if client.http11:
@@ -280,12 +338,15 @@ class Upstream(asyncio.Protocol):
         client.transport.write(data)
 
     def on_message_complete(self) -> None:
-        client = self.client
-        if client is None:
-            return
+        if self.client is not None:
+            self._complete(self.parser.should_keep_alive())
+
+    def _complete(self, keep: bool) -> None:
+        """The response is relayed whole: pool the connection if it can carry another."""
+        client: Downstream = self.client  # type: ignore[assignment]
         # a worker that answered before the client's upload ended has not read the rest of
         # it: the remainder would be parsed as the next request on a pooled connection
-        keep = self.parser.should_keep_alive() and not client.uploading
+        keep = keep and not client.uploading
         self.client = None
         if self.refused:  # the worker is draining: no point in pooling its connection
             self.refused = False

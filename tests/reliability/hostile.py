@@ -87,11 +87,14 @@ class RawWorker:
     (RST) right after the request head arrives; otherwise a 200 JSON answer with
     ``extra_headers``. Every non-health request head is kept in ``heads``."""
 
-    def __init__(self, reset: bool = False, extra_headers: bytes = b"") -> None:
+    def __init__(
+        self, reset: bool = False, extra_headers: bytes = b"", body: bytes | None = None
+    ) -> None:
         import threading
 
         self.reset = reset
         self.extra_headers = extra_headers
+        self.body = body or b'{"choices": [{"message": {"content": "raw"}}]}'
         self.heads: list[bytes] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -144,7 +147,7 @@ class RawWorker:
                         return
                     buf += piece
                 buf = buf[length:]
-                body = b'{"choices": [{"message": {"content": "raw"}}]}'
+                body = self.body
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n%b\r\n%b" % (len(body), self.extra_headers, body)
