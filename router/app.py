@@ -406,7 +406,11 @@ class Router:
         else (a voice upload above all: the voice may be stored) fails as sent."""
         d = client.dispatch
         reason = "worker closed the connection before answering"
-        if d is None or not d.retryable or d.c.endpoint not in _RESENDABLE:
+        if (
+            d is None
+            or d.c.endpoint not in _RESENDABLE
+            or not (d.retryable or client.rewind_upload())  # a transcription's kept upload
+        ):
             self.exchange_failed(client, conn, reason)
             return
         worker = client.worker

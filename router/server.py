@@ -17,6 +17,7 @@ from router.http.wire import error_response
 
 # POST bodies that routing does not need (multipart uploads): streamed, not buffered
 STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
+RESENDABLE_UPLOAD = b"/v1/audio/transcriptions"  # no side effect: may go to a second worker
 
 if TYPE_CHECKING:
     from router.app import Dispatch, Router
@@ -91,6 +92,7 @@ class ClientConnection(asyncio.Protocol):
         "upload_buf",
         "upload_chunked",
         "upload_ended",
+        "upload_kept",
         "upload_length",
         "upload_sink",
         "uploading",
@@ -149,6 +151,9 @@ class ClientConnection(asyncio.Protocol):
         self.upload_length: bytes | None = None
         self.upload_sink: Upstream | None = None
         self.upload_buf: list[bytes] = []  # upload pieces that came before the worker connection
+        # every piece of a transcription upload, so that it can go to another worker if its
+        # worker resets the connection before answering (None: not kept, as for voices)
+        self.upload_kept: list[bytes] | None = None
         # slow-client detection (router sweep): reads so far, as last seen, and since when
         self.in_request = False  # a request head or body is partly received
         self.rx = 0
@@ -301,6 +306,7 @@ class ClientConnection(asyncio.Protocol):
             self.uploading = True
             self.upload_ended = False
             self.upload_buf = []
+            self.upload_kept = [] if path == RESENDABLE_UPLOAD else None
             self.upload_length = length
             self.upload_chunked = length is None
             parser = self.parser
@@ -322,6 +328,8 @@ class ClientConnection(asyncio.Protocol):
             self.too_large()
             return
         if self.uploading:
+            if self.upload_kept is not None:
+                self.upload_kept.append(body)
             if self.upload_sink is None:
                 self.upload_buf.append(body)
             else:
@@ -391,6 +399,7 @@ class ClientConnection(asyncio.Protocol):
         self.worker = None
         self.upload_sink = None
         self.upload_ended = False
+        self.upload_kept = None
         if self.uploading:  # answered before its body ended: the rest is not worth reading
             self.uploading = False
             self.keep_alive = False
@@ -451,6 +460,17 @@ class ClientConnection(asyncio.Protocol):
                 ErrorCode.BODY_TOO_LARGE,
                 f"request body is larger than {self.max_body} bytes",
             )
+
+    def rewind_upload(self) -> bool:
+        """Make a kept upload ready to be sent again from its start (to another worker)."""
+        if self.upload_kept is None:
+            return False
+        self.upload_buf = list(self.upload_kept)
+        self.upload_sink = None
+        self.upload_ended = not self.uploading
+        if self.uploading and not self.pipeline_full and not self.closed:
+            self.transport.resume_reading()  # the lost worker may have paused the upload
+        return True
 
     def upload_attached(self, conn: Upstream) -> None:
         """The worker connection for a streamed upload is ready: send what arrived so far."""

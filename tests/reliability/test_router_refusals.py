@@ -6,6 +6,7 @@ refuses leave no session binding behind in Redis."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import httpx
 import pytest
@@ -92,3 +93,37 @@ def test_refused_requests_leave_no_session_binding(redis_url: str) -> None:
         router.stop()
         for w in workers:
             w.stop()
+
+
+def test_transcription_upload_is_resent_whole_after_a_reset() -> None:
+    """A transcription streams to its worker; if that worker resets before answering, the
+    router sends the whole upload (kept as it streamed) to another worker, byte for byte."""
+    resetting = RawWorker(reset=True)
+    healthy = FakeWorker("w1")
+    router = Router("--worker", resetting.url, "--worker", healthy.url, name="router-upload")
+    audio = bytes(range(256)) * 2048  # 512 KB: streams in many pieces
+    boundary = b"b0undary"
+    body = (
+        b"--" + boundary + b'\r\ncontent-disposition: form-data; name="model"\r\n\r\nm\r\n'
+        b"--" + boundary + b'\r\ncontent-disposition: form-data; name="file"; '
+        b'filename="a.wav"\r\ncontent-type: audio/wav\r\n\r\n' + audio + b"\r\n"
+        b"--" + boundary + b"--\r\n"
+    )
+    headers = {"content-type": "multipart/form-data; boundary=b0undary"}
+
+    def pieces():  # no length: sent chunked
+        for i in range(0, len(body), 65536):
+            yield body[i : i + 65536]
+
+    try:
+        url = router.url + "/v1/audio/transcriptions"
+        for i in range(8):
+            content = body if i % 2 else pieces()
+            r = httpx.post(url, content=content, headers=headers, timeout=15)
+            assert r.status_code == 200, r.text
+            assert r.json()["sha256"] == hashlib.sha256(body).hexdigest()
+        assert resetting.heads, "no upload reached the resetting worker"
+    finally:
+        router.stop()
+        healthy.stop()
+        resetting.close()
