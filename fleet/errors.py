@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     URI_TOO_LONG = "uri_too_long"  # 414
     HEADERS_TOO_LARGE = "headers_too_large"  # 431
     PERMISSION_DENIED = "permission_denied"  # 403
+    ENDPOINT_NOT_SERVED = "endpoint_not_served"  # 404: no worker of the fleet serves this path
     MODEL_NOT_FOUND = "model_not_found"
     VOICE_NOT_FOUND = "voice_not_found"
     NOT_FOUND = "not_found"
@@ -38,6 +39,8 @@ class ErrorCode(StrEnum):
     STAGE_FAILED = "stage_failed"
     DRAINING = "draining"
     OVERLOADED = "overloaded"
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # 503: a router's connection cap is reached
+    ROUTER_EXHAUSTED = "router_exhausted"  # 503: a router is out of descriptors or buffers
     INTERNAL_ERROR = "internal_error"
 
 
