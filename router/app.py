@@ -25,7 +25,6 @@ from router.affinity import Affinity
 from router.classify import UNSERVED, Classified, check_session_key, classify_json, route_of
 from router.dashboard import Dashboard
 from router.discovery import Discovery
-from router.errors import RouterErrorCode
 from router.http.client import http_get
 from router.http.headers import read_client_headers
 from router.http.proxy import BODY, WAITING, Upstream
@@ -138,7 +137,7 @@ class Router:
             unserved = UNSERVED.get(path)
             if unserved is not None:
                 client.route = "other"
-                err = OmniError(404, RouterErrorCode.ENDPOINT_NOT_SERVED, unserved)  # type: ignore[arg-type]
+                err = OmniError(404, ErrorCode.ENDPOINT_NOT_SERVED, unserved)
                 self._fail(client, err)
                 return
             client.route = "models" if path == b"/v1/models" else "admin"
@@ -333,7 +332,7 @@ class Router:
             client,
             OmniError(
                 503,
-                RouterErrorCode.ROUTER_EXHAUSTED,  # type: ignore[arg-type]
+                ErrorCode.ROUTER_EXHAUSTED,
                 "the router is out of connections; retry shortly",
             ),
             retry_after=True,

@@ -20,8 +20,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from fleet.errors import ErrorCode
 from fleet.records import Endpoint
-from router.errors import ALL_CODES, Code
 
 ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
@@ -51,7 +51,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 class Metrics:
     def __init__(self) -> None:
         self.requests = {(r, s): 0 for r in ROUTES for s in STATUS_CLASSES}
-        self.errors = {(r, c.value): 0 for r in ROUTES for c in ALL_CODES}
+        self.errors = {(r, c.value): 0 for r in ROUTES for c in ErrorCode}
         self.policy = {o.value: 0 for o in PolicyOutcome}
         self.affinity = {o.value: 0 for o in AffinityOutcome}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
@@ -69,7 +69,7 @@ class Metrics:
         self.hist[route][bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[route] += seconds
 
-    def error(self, route: str, code: Code) -> None:
+    def error(self, route: str, code: ErrorCode) -> None:
         self.errors[route, code.value] += 1
 
     def render(self) -> bytes:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import httptools
 
 from fleet.errors import ErrorCode
-from router.errors import Code, RouterErrorCode
 from router.http.proxy import WAITING
 from router.http.wire import error_response
 
@@ -119,7 +118,7 @@ class ClientConnection(asyncio.Protocol):
         self.url_size = 0
         self.header_bytes = 0
         self.head_rx = 0  # bytes of reads that fell wholly inside the current head
-        self.head_error: tuple[int, Code, str] | None = None
+        self.head_error: tuple[int, ErrorCode, str] | None = None
         self.in_head = False
         self.messages = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -172,7 +171,7 @@ class ClientConnection(asyncio.Protocol):
             transport.write(
                 error_response(
                     503,
-                    RouterErrorCode.TOO_MANY_CONNECTIONS,
+                    ErrorCode.TOO_MANY_CONNECTIONS,
                     "the router is at its connection limit; retry shortly",
                     keep_alive=False,
                     extra=router.retry_after_line,
@@ -264,7 +263,7 @@ class ClientConnection(asyncio.Protocol):
         if self.url_size > self.max_url:
             self.head_error = (
                 414,
-                RouterErrorCode.URI_TOO_LONG,
+                ErrorCode.URI_TOO_LONG,
                 f"request target is longer than {self.max_url} bytes",
             )
             raise HeadTooLarge
@@ -276,10 +275,10 @@ class ClientConnection(asyncio.Protocol):
             raise HeadTooLarge
         self.headers.append((name.lower(), value))
 
-    def _headers_too_large(self) -> tuple[int, Code, str]:
+    def _headers_too_large(self) -> tuple[int, ErrorCode, str]:
         return (
             431,
-            RouterErrorCode.HEADERS_TOO_LARGE,
+            ErrorCode.HEADERS_TOO_LARGE,
             f"request headers are larger than {self.max_header_bytes} bytes",
         )
 
@@ -425,7 +424,7 @@ class ClientConnection(asyncio.Protocol):
         self.router.metrics.request(self.route, status, time.monotonic() - self.started)
         self.finish()
 
-    def reject(self, status: int, code: Code, message: str) -> None:
+    def reject(self, status: int, code: ErrorCode, message: str) -> None:
         """An error before any request could be dispatched (parse errors, size limits)."""
         self.router.metrics.error("other", code)
         self.router.metrics.request("other", status, 0.0)

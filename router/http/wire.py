@@ -7,7 +7,6 @@ from http import HTTPStatus
 import orjson
 
 from fleet.errors import ErrorCode, error_bytes
-from router.errors import Code
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus the framing headers that the router rewrites.
 HOP_BY_HOP = frozenset(
@@ -69,13 +68,13 @@ def simple_response(
 
 def error_response(
     status: int,
-    code: Code,
+    code: ErrorCode,
     message: str,
     keep_alive: bool = True,
     extra: bytes = b"",
     param: str | None = None,
 ) -> bytes:
-    body = error_bytes(status, code, message, param)  # type: ignore[arg-type]  # same body shape
+    body = error_bytes(status, code, message, param)
     return simple_response(status, body, keep_alive=keep_alive, extra=extra)
 
 
