@@ -24,7 +24,7 @@ from planner.plan import LaunchPlan, NodePlan
 from planner.spec import ModelSpec
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
-from worker.api.protocol import http_protocol
+from worker.api.protocol import worker_http_protocol
 from worker.engine import Engine
 from worker.metrics import WorkerMetrics
 from worker.registration import Registrar
@@ -211,7 +211,7 @@ class Daemon:
                 timeout_graceful_shutdown=5,
                 log_config=None,
                 # malformed requests get JSON errors too; the head is bounded (414 / 431)
-                http=http_protocol(settings.max_head_bytes),
+                http=worker_http_protocol(settings),
                 h11_max_incomplete_event_size=settings.max_head_bytes,
             )
         )

@@ -53,6 +53,15 @@ class WorkerSettings(OmniSettings):
         ge=16 * 1024,
         description="request line + headers limit; over it: 414 (URL) or 431 (headers)",
     )
+    head_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="a request head not received this long after its connection opened (or "
+        "its first byte) gets 408; an idle new connection is closed",
+    )
+    max_connections: int = Field(
+        4096, ge=16, description="open HTTP connections; one more gets 503 overloaded at once"
+    )
     max_audio_seconds: float = Field(600.0, gt=0, description="longest accepted input audio")
     max_audio_decoded_bytes: int = Field(
         256 * 2**20,

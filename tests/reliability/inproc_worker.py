@@ -19,7 +19,7 @@ from fleet.store import FleetStore, connect
 from planner.spec import ModelSpec
 from tests.worker_fakes import FakeEngine
 from worker.api.app import create_app
-from worker.api.protocol import http_protocol
+from worker.api.protocol import worker_http_protocol
 from worker.daemon import _Server, bind
 from worker.registration import Registrar
 from worker.service import WorkerService, capabilities_of
@@ -92,7 +92,7 @@ def inproc_worker(settings: WorkerSettings, redis_url: str) -> Iterator[InProcWo
             create_app(service),
             log_level="warning",
             lifespan="off",
-            http=http_protocol(settings.max_head_bytes),
+            http=worker_http_protocol(settings),
         )
     )
     store = FleetStore(connect(redis_url), FLEET)

@@ -7,6 +7,7 @@ FakeEngine. Every input is a few MB at most."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import contextlib
@@ -435,3 +436,62 @@ def test_request_heads_are_bounded(redis_url: str) -> None:
         assert httpx.get(w.url + "/health", headers=near, timeout=10).status_code == 200
         r = httpx.get(w.url + "/" + "b" * 20_000, timeout=10)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def read_all(sock: socket.socket) -> bytes:
+    reply = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def test_idle_and_trickled_heads_time_out(redis_url: str) -> None:
+    """uvicorn arms its keep-alive timer only after a response: a connection that never sent
+    a byte, or sent half a head, was kept forever, one file descriptor each."""
+    with inproc_worker(settings(head_timeout=1.0), redis_url) as w:
+        with socket.create_connection(("127.0.0.1", w.port), timeout=15) as idle:
+            assert read_all(idle) == b""  # closed by the worker, without a word
+        with socket.create_connection(("127.0.0.1", w.port), timeout=15) as slow:
+            slow.sendall(b"GET /health HTTP/1.1\r\nHost: w\r\n")  # ... and nothing more
+            reply = read_all(slow)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), reply[:300]
+        assert httpx.Response(408, content=body).json()["error"]["code"] == "request_timeout"
+
+        # a request that takes longer than head_timeout once its head is in is not cut
+        async def clear_hold() -> None:
+            w.engine.hold.clear()
+
+        asyncio.run_coroutine_threadsafe(clear_hold(), w.loop).result(timeout=5)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(chat, w, "HOLD this")
+                time.sleep(1.5)
+                w.loop.call_soon_threadsafe(w.engine.hold.set)
+                assert held.result().status_code == 200
+        finally:
+            w.loop.call_soon_threadsafe(w.engine.hold.set)
+
+
+def test_connections_are_capped(redis_url: str) -> None:
+    with inproc_worker(settings(max_connections=16), redis_url) as w:
+        idle = [socket.create_connection(("127.0.0.1", w.port), timeout=10) for _ in range(16)]
+        try:
+            with socket.create_connection(("127.0.0.1", w.port), timeout=10) as extra:
+                reply = read_all(extra)
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503"), reply[:300]
+            assert httpx.Response(503, content=body).json()["error"]["code"] == "overloaded"
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + 10
+        while True:  # the closed ones leave the worker's count as it notices
+            try:
+                if httpx.get(w.url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the worker never served again"
+            time.sleep(0.05)

@@ -7,7 +7,16 @@ code runs:
 - the request head (request line and headers) is bounded: uvicorn's httptools protocol grows
   the URL with ``+=`` and httptools a header value likewise, so a 64 MB URL cost 10 s of the
   event loop (the heartbeat with it) and a 64 MB header 300 MB. Past ``max_head_bytes`` the
-  client gets 414 (the URL) or 431 (the headers) and the connection closes."""
+  client gets 414 (the URL) or 431 (the headers) and the connection closes;
+- a head must arrive within ``head_timeout`` seconds: uvicorn arms its keep-alive timer only
+  after a response, so a connection that never sends a byte, or trickles its head, was kept
+  forever (each one a file descriptor the worker needs for Redis and its stages). An idle new
+  connection is closed; a partial head gets 408;
+- at most ``max_connections`` at once: one more gets 503 ``overloaded`` at once, so the worker
+  keeps descriptors for Redis, its stage processes and the routers' probes.
+
+These apply to the httptools protocol (uvicorn's default, a dependency of this package); the
+h11 fallback gets the head size limit only."""
 
 from __future__ import annotations
 
@@ -16,6 +25,7 @@ import asyncio
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fleet.errors import ErrorCode, error_bytes
+from worker.settings import WorkerSettings
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -23,9 +33,17 @@ except ImportError:  # httptools is optional for uvicorn
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_HEAD_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 4096
 _LINGER_S = 2.0  # after refusing a head: how long its connection is read and dropped
 _LINGER_BYTES = 4 * 2**20  # ... and how much of it
-_REASONS = {400: b"Bad Request", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 def error_response(
@@ -62,6 +80,8 @@ if HttpToolsProtocol is not None:
 
     class JsonErrorsHttpTools(HttpToolsProtocol):
         max_head_bytes = DEFAULT_MAX_HEAD_BYTES
+        head_timeout = DEFAULT_HEAD_TIMEOUT_S
+        max_connections = DEFAULT_MAX_CONNECTIONS
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._in_head = False
@@ -69,7 +89,19 @@ if HttpToolsProtocol is not None:
             self._head_bytes = 0
             self._url_bytes = 0
             self._lingering: int | None = None  # bytes discarded since the refusal
+            self._head_deadline: asyncio.TimerHandle | None = None
             super().connection_made(transport)
+            if len(self.connections) > self.max_connections:
+                message = f"this worker holds its limit of {self.max_connections} connections"
+                self._refuse(503, ErrorCode.OVERLOADED, message)
+                return
+            # the first request's head is due within head_timeout of the connection
+            self._head_deadline = self.loop.call_later(self.head_timeout, self._head_late)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -77,6 +109,18 @@ if HttpToolsProtocol is not None:
             self._messages += 1
             self._head_bytes = 0
             self._url_bytes = 0
+            if self._head_deadline is None:  # a later request on a kept-alive connection
+                self._head_deadline = self.loop.call_later(self.head_timeout, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if self.transport.is_closing():
+                return
+            if not self._in_head:  # connected, never sent a byte: nobody to answer
+                self.transport.close()
+                return
+            message = f"request head not received within {self.head_timeout:g}s"
+            self._refuse(408, ErrorCode.REQUEST_TIMEOUT, message)
 
         def on_url(self, url: bytes) -> None:
             self._url_bytes += len(url)
@@ -84,6 +128,9 @@ if HttpToolsProtocol is not None:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:
@@ -103,7 +150,6 @@ if HttpToolsProtocol is not None:
                 self._refuse_head()
 
         def _refuse_head(self) -> None:
-            self._in_head = False
             limit = self.max_head_bytes
             if self._url_bytes > limit:
                 status, code = 414, ErrorCode.URI_TOO_LONG
@@ -112,13 +158,21 @@ if HttpToolsProtocol is not None:
                 status, code = 431, ErrorCode.HEADERS_TOO_LARGE
                 message = f"the request headers are over this worker's limit of {limit} bytes"
             self.logger.warning("refused a request head over %d bytes (%d)", limit, status)
+            self._refuse(status, code, message)
+
+        def _refuse(self, status: int, code: ErrorCode, message: str) -> None:
+            """Answer before any ASGI code ran, then close the connection."""
+            self._in_head = False
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
             headers = self.server_state.default_headers
             self.transport.write(error_response(status, code, message, headers))
             # Lingering close, as nginx does: closing with the client's bytes still unread
             # makes the kernel send a reset that can destroy the response before the client
             # reads it. Read and drop for a moment (bounded), then close.
             self._lingering = 0
-            asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+            self.loop.call_later(_LINGER_S, self.transport.close)
 
         def _linger(self, size: int) -> None:
             assert self._lingering is not None
@@ -137,9 +191,23 @@ if HttpToolsProtocol is not None:
             self.transport.close()
 
 
-def http_protocol(max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> type[asyncio.Protocol]:
-    """What uvicorn's ``http="auto"`` would pick, with JSON errors and a bounded head (give
-    uvicorn ``h11_max_incomplete_event_size=max_head_bytes`` too, for the h11 fallback)."""
+def http_protocol(
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
+    head_timeout: float = DEFAULT_HEAD_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> type[asyncio.Protocol]:
+    """What uvicorn's ``http="auto"`` would pick, with JSON errors, a bounded and timed head
+    and a connection cap (give uvicorn ``h11_max_incomplete_event_size=max_head_bytes`` too,
+    for the h11 fallback)."""
     if HttpToolsProtocol is None:
         return JsonErrorsH11
-    return type("WorkerHttpTools", (JsonErrorsHttpTools,), {"max_head_bytes": max_head_bytes})
+    limits = {
+        "max_head_bytes": max_head_bytes,
+        "head_timeout": head_timeout,
+        "max_connections": max_connections,
+    }
+    return type("WorkerHttpTools", (JsonErrorsHttpTools,), limits)
+
+
+def worker_http_protocol(settings: WorkerSettings) -> type[asyncio.Protocol]:
+    return http_protocol(settings.max_head_bytes, settings.head_timeout, settings.max_connections)
