@@ -242,6 +242,30 @@ def scenarios(url: str, headers: dict[str, str]) -> list[tuple[str, Callable[[],
         status = reply.split(b"\r\n", 1)[0].decode(errors="replace")
         return f"{status} after {sent / 2**20:.2f} MB sent"
 
+    def idle_connections(count: int, hold_s: float) -> str:
+        """``count`` connections that never send a byte, held for ``hold_s``."""
+        socks = []
+        try:
+            for _ in range(count):
+                try:
+                    socks.append(socket.create_connection((host, int(port)), timeout=5))
+                except OSError as exc:
+                    return f"connect failed after {len(socks)}: {exc}"
+            time.sleep(hold_s)
+            open_ = 0
+            for sock in socks:
+                sock.setblocking(False)
+                try:
+                    open_ += sock.recv(1) != b""  # b"": closed by the worker
+                except BlockingIOError:
+                    open_ += 1  # nothing to read, not closed
+                except OSError:
+                    pass
+            return f"{open_} of {count} still open after {hold_s:g} s"
+        finally:
+            for sock in socks:
+                sock.close()
+
     bomb180 = silent_flac(180, 192_000, 8)
     bomb60 = silent_flac(60, 192_000, 8)
     wav31 = big_wav(30.7)
@@ -258,6 +282,7 @@ def scenarios(url: str, headers: dict[str, str]) -> list[tuple[str, Callable[[],
         ("20 malformed requests", lambda: malformed(20)),
         ("a 64 MB URL", lambda: huge_head("url")),
         ("a 64 MB header", lambda: huge_head("header")),
+        ("2,000 idle connections, 32 s", lambda: idle_connections(2000, 32.0)),
     ]  # fmt: skip
 
 
