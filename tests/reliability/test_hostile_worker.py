@@ -495,3 +495,14 @@ def test_connections_are_capped(redis_url: str) -> None:
                 pass
             assert time.monotonic() < deadline, "the worker never served again"
             time.sleep(0.05)
+
+
+def test_refusals_are_logged_as_a_summary(worker: InProcWorker) -> None:
+    """A client sending hundreds of malformed or oversize requests costs the log a few lines,
+    not one each (uvicorn's own per-request warning included)."""
+    with captured_logs() as logs:
+        for i in range(200):
+            raw = b"GARBAGE\r\n\r\n" if i % 2 else b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n"
+            send_head(worker.port, raw)
+    warnings = [r.getMessage() for r in logs.records]
+    assert len(warnings) <= 2, warnings

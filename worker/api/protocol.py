@@ -25,6 +25,8 @@ import asyncio
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fleet.errors import ErrorCode, error_bytes
+from worker.api import refusals
+from worker.api.refusals import REFUSALS
 from worker.settings import WorkerSettings
 
 try:
@@ -117,6 +119,7 @@ if HttpToolsProtocol is not None:
             if self.transport.is_closing():
                 return
             if not self._in_head:  # connected, never sent a byte: nobody to answer
+                REFUSALS.refused("idle connection closed")
                 self.transport.close()
                 return
             message = f"request head not received within {self.head_timeout:g}s"
@@ -157,11 +160,11 @@ if HttpToolsProtocol is not None:
             else:
                 status, code = 431, ErrorCode.HEADERS_TOO_LARGE
                 message = f"the request headers are over this worker's limit of {limit} bytes"
-            self.logger.warning("refused a request head over %d bytes (%d)", limit, status)
             self._refuse(status, code, message)
 
         def _refuse(self, status: int, code: ErrorCode, message: str) -> None:
             """Answer before any ASGI code ran, then close the connection."""
+            REFUSALS.refused(f"{status} {code.value}", message)
             self._in_head = False
             if self._head_deadline is not None:
                 self._head_deadline.cancel()
@@ -199,6 +202,7 @@ def http_protocol(
     """What uvicorn's ``http="auto"`` would pick, with JSON errors, a bounded and timed head
     and a connection cap (give uvicorn ``h11_max_incomplete_event_size=max_head_bytes`` too,
     for the h11 fallback)."""
+    refusals.install()
     if HttpToolsProtocol is None:
         return JsonErrorsH11
     limits = {
