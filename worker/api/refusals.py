@@ -4,6 +4,7 @@ the log a line a minute instead of a line each."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -29,14 +30,24 @@ class RefusalLog:
             log.warning("refused: %s%s (further ones are summarised every %gs)",
                         kind, f" ({detail})" if detail else "", self.interval_s)  # fmt: skip
         else:
+            if not self.pending:  # the summary is due even if the flood stops
+                self._flush_later()
             self.pending[kind] += 1
         self.flush()
+
+    def _flush_later(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop: the next refusal flushes
+            return
+        due = max(0.0, self.last + self.interval_s - time.monotonic())
+        loop.call_later(due + 0.01, self.flush)
 
     def flush(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         if self.pending and now - self.last >= self.interval_s:
             counts = ", ".join(f"{kind}: {n}" for kind, n in sorted(self.pending.items()))
-            log.warning("refused in the last %.0fs: %s", now - self.last, counts)
+            log.warning("refused in the last %.1fs: %s", now - self.last, counts)
             self.pending.clear()
             self.last = now
 
