@@ -283,6 +283,16 @@ def test_a_too_long_or_too_large_voice_is_refused(redis_url: str) -> None:
         error_of(upload_voice(w, "big", big), 413, "voice_too_large")
         long = encode(tone(31.0, 1_000), 1_000, "WAV", "PCM_16")  # 31 s in 62 KB at 1 kHz
         error_of(upload_voice(w, "long", long), 400, "audio_too_long")
+        # a declared 20 MB upload is refused from its Content-Length, before its body
+        with socket.create_connection(("127.0.0.1", w.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/audio/voices HTTP/1.1\r\nHost: w\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n"
+                b"Content-Length: 20000000\r\n\r\n"
+            )
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+        assert b"voice_too_large" in reply
 
 
 def test_the_fleet_quota_holds_under_concurrent_uploads(redis_url: str) -> None:

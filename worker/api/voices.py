@@ -29,6 +29,7 @@ router = APIRouter()
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole name: use fullmatch
 VOICE_STORED_RATE = AUDIO_OUTPUT_RATE  # Hz: the codec's rate, what speaker encoders take
 VOICE_REFERENCE_RATE = AUDIO_INPUT_RATE  # Hz: the rate GenerationRequest.voice_audio has
+_MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
 
 
 def voice_not_found(name: str, builtin: list[str], param: str) -> OmniError:
@@ -74,6 +75,16 @@ def _voice_json(record: VoiceRecord) -> dict:
     return {"object": "voice", "builtin": False, **shown}
 
 
+def _voice_too_large(size: int, limit: int) -> OmniError:
+    return OmniError(
+        413,
+        ErrorCode.VOICE_TOO_LARGE,
+        f"voice upload is {size} bytes; this worker takes files of at most {limit} bytes (a "
+        "voice needs only a few seconds of speech)",
+        "file",
+    )
+
+
 def _owned_error(name: str) -> OmniError:
     return OmniError(
         403,
@@ -113,6 +124,10 @@ async def list_voices(request: Request) -> dict:
 async def upload_voice(request: Request) -> dict:
     service = service_of(request)
     _require(service)
+    declared = request.headers.get("content-length", "")
+    limit = service.settings.max_voice_upload_bytes
+    if declared.isdigit() and int(declared) > limit + _MULTIPART_SLACK:
+        raise _voice_too_large(int(declared), limit)  # before a byte of the body is read
     form = await read_form(request)
     name = form.get("name")
     upload = form.get("file") or form.get("audio")
@@ -131,13 +146,7 @@ async def upload_voice(request: Request) -> dict:
         )
     settings = service.settings
     if (upload.size or 0) > settings.max_voice_upload_bytes:
-        raise OmniError(
-            413,
-            ErrorCode.VOICE_TOO_LARGE,
-            f"voice file is {upload.size} bytes; this worker takes at most "
-            f"{settings.max_voice_upload_bytes} (a voice needs only a few seconds of speech)",
-            "file",
-        )
+        raise _voice_too_large(upload.size or 0, settings.max_voice_upload_bytes)
     data = await upload.read()
     samples = await audio.decode_audio_async(
         data,
