@@ -57,24 +57,42 @@ def _image() -> tuple[str, np.ndarray]:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), pixels
 
 
-def test_image_chat_equals_transformers_generate(tmp_path: Path) -> None:
+def _video() -> tuple[str, np.ndarray]:
+    """Five frames of a moving square as an MPEG-4 data URL, and the frames the worker decodes."""
+    import av
+
+    from worker.api.video import decode_video
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=2)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(5):
+            img = np.zeros((48, 64, 3), np.uint8)
+            img[8:24, 8 + 8 * i : 24 + 8 * i] = (255, 128, 0)
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+        out.mux(stream.encode())
+    raw = buf.getvalue()
+    video = decode_video(raw, "test")
+    return "data:video/mp4;base64," + base64.b64encode(raw).decode(), video.frames
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_visual_chat_equals_transformers_generate(kind: str, tmp_path: Path) -> None:
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     from worker.models.qwen3_omni.processor import OmniProcessor
 
-    url, pixels = _image()
+    url, pixels = _image() if kind == "image" else _video()
     cache = tmp_path / "cache"
     worker = WorkerProcess("--spec", str(SPEC), "--gpus", "cpu", "--cache-dir", str(cache))
     try:
         worker.wait_ready(timeout=240)
-        content = [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": PROMPT},
-        ]
+        part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
         body = {
             "model": "tiny-qwen3-omni",
-            "messages": [{"role": "user", "content": content}],
+            "messages": [{"role": "user", "content": [part, {"type": "text", "text": PROMPT}]}],
             "max_tokens": MAX_TOKENS,
         }
         r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
@@ -85,31 +103,58 @@ def test_image_chat_equals_transformers_generate(tmp_path: Path) -> None:
         worker.wait_exit(60)
     (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-qwen3-omni")]
     proc = OmniProcessor(checkpoint)
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "image", "image": pixels}, {"type": "text", "text": PROMPT}],
+    media = {"type": kind, kind: pixels, "fps": 2.0}
+    prepared = proc.prepare(
+        [{"role": "user", "content": [media, {"type": "text", "text": PROMPT}]}]
+    )
+    if kind == "image":
+        visual = {
+            "pixel_values": torch.from_numpy(prepared.pixel_values),
+            "image_grid_thw": torch.from_numpy(prepared.image_grid),
         }
-    ]
-    prepared = proc.prepare(messages)
+    else:
+        visual = {
+            "pixel_values_videos": torch.from_numpy(prepared.video_values),
+            "video_grid_thw": torch.from_numpy(prepared.video_grid),
+            "video_second_per_grid": torch.tensor(prepared.video_seconds),
+        }
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
     im_end = json.loads((checkpoint / "config.json").read_text())["im_end_token_id"]
     sequences = model.generate(
         input_ids=torch.tensor([prepared.input_ids]),
-        pixel_values=torch.from_numpy(prepared.pixel_values),
-        image_grid_thw=torch.from_numpy(prepared.image_grid),
         return_audio=False,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_eos_token_id=im_end,
+        **visual,
     )
     tokens = sequences[0, len(prepared.input_ids) :].tolist()
     if tokens and tokens[-1] == im_end:
         tokens = tokens[:-1]
     assert tokens
+    assert reply["usage"]["prompt_tokens"] == len(prepared.input_ids)
     assert reply["usage"]["completion_tokens"] == len(tokens)
     assert reply["choices"][0]["message"]["content"] == proc.tokenizer.decode(
         tokens, skip_special_tokens=True
     )
+
+
+def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> None:
+    """Our video patching (torchvision's video processor does not load here) against the
+    model's own image processor: a still image is a two-frame video of that image."""
+    from PIL import Image
+
+    from planner.spec import ModelSpec
+    from worker.models.checkpoint import resolve_checkpoint
+    from worker.models.qwen3_omni.processor import OmniProcessor
+
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+    proc = OmniProcessor(resolve_checkpoint(spec, SPEC, tmp_path, log=lambda _m: None))
+    img = (np.random.default_rng(0).random((48, 64, 3)) * 255).astype(np.uint8)
+    size = {k: proc.images.size[k] for k in ("shortest_edge", "longest_edge")}
+    expected = proc.images([Image.fromarray(img)], return_tensors="np")
+    patches, grid, _ = proc.video_patches(np.stack([img, img]), 2.0, size)
+    assert grid.tolist() == expected["image_grid_thw"][0].tolist()
+    np.testing.assert_allclose(patches, expected["pixel_values"], atol=1e-5)
 
 
 def _reference(checkpoint: Path, audio: np.ndarray) -> tuple[str, int, np.ndarray]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 
@@ -26,7 +27,8 @@ from worker.api.common import (
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
 from worker.api.images import decode_image_url
-from worker.api.schemas import AudioPart, ChatRequest, ImagePart, TextPart
+from worker.api.schemas import AudioPart, ChatRequest, ImagePart, TextPart, VideoPart
+from worker.api.video import decode_video_url
 from worker.api.voices import resolve_voice
 from worker.engine import (
     AUDIO_INPUT_RATE,
@@ -71,6 +73,11 @@ async def _messages(
                 images.append(
                     {"type": "image", "image": decode_image_url(part.image_url.url, param)}
                 )
+            elif isinstance(part, VideoPart):
+                if Modality.VIDEO not in service.capabilities.input_modalities:
+                    raise _bad(f"model {body.model!r} takes no video input", param)
+                video = await asyncio.to_thread(decode_video_url, part.video_url.url, param)
+                images.append({"type": "video", "video": video.frames, "fps": video.fps})
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no audio input", param)
@@ -79,7 +86,7 @@ async def _messages(
                 clip = await audio.decode_audio_async(raw, max_seconds=max(left, 0.0), param=param)
                 total_seconds += clip.size / AUDIO_INPUT_RATE
                 clips.append(clip)
-        if images:  # structured content for models that take images (audio joins separately)
+        if images:  # structured content for models that see (audio joins separately)
             text = [{"type": "text", "text": "".join(texts)}] if texts else []
             messages.append({"role": message.role, "content": [*images, *text]})
         else:

@@ -47,9 +47,18 @@ class ImagePart(Body):
     image_url: ImageUrl
 
 
+class VideoUrl(Body):
+    url: str = Field(min_length=1, description="a data:video/...;base64 URL")
+
+
+class VideoPart(Body):
+    type: Literal["video_url"]
+    video_url: VideoUrl
+
+
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart | AudioPart | ImagePart] | None = None
+    content: str | list[TextPart | AudioPart | ImagePart | VideoPart] | None = None
     name: str | None = None
     audio: dict[str, Any] | None = None  # a previous assistant turn's audio reference
     refusal: str | None = None

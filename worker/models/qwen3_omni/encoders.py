@@ -16,7 +16,7 @@ from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExec
 
 
 class _Encoder(StageExecutor):
-    KEY = ""  # the preprocessing payload entry this encoder consumes
+    KEYS: tuple[str, ...] = ()  # the preprocessing payload entries this encoder consumes
 
     def load(self) -> None:
         import torch
@@ -29,7 +29,7 @@ class _Encoder(StageExecutor):
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
         payload = inputs["preprocessing"]
-        if payload.get(self.KEY) is None:
+        if not any(payload.get(k) is not None for k in self.KEYS):
             self.empty.append(rid)
         else:
             self.queue.put(rid, payload, weight=self._weight(payload))
@@ -61,7 +61,7 @@ class _Encoder(StageExecutor):
 
 
 class AudioTowerExecutor(_Encoder):
-    KEY = "audio_features"
+    KEYS = ("audio_features",)
 
     def warmup(self) -> None:
         mels = self.config.thinker_config.audio_config.num_mel_bins
@@ -95,7 +95,9 @@ class AudioTowerExecutor(_Encoder):
 
 
 class VisionExecutor(_Encoder):
-    KEY = "pixel_values"
+    """Images and video frames through the same encoder (each with its own grid)."""
+
+    KEYS = ("pixel_values", "video_values")
 
     def warmup(self) -> None:
         cfg = self.config.thinker_config.vision_config
@@ -106,12 +108,25 @@ class VisionExecutor(_Encoder):
         self._encode([("warmup", {"pixel_values": pixels, "image_grid": grid})])
 
     def _weight(self, payload: dict[str, Any]) -> int:
-        return len(payload["image_grid"])
+        return sum(
+            len(payload[g]) for g in ("image_grid", "video_grid") if payload.get(g) is not None
+        )
 
     def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+        results: dict[str, dict[str, Any]] = {rid: {} for rid, _ in batch}
+        for values, grid, kind in (
+            ("pixel_values", "image_grid", "image"),
+            ("video_values", "video_grid", "video"),
+        ):
+            items = [(rid, p) for rid, p in batch if p.get(values) is not None]
+            if items:
+                self._run(items, values, grid, kind, results)
+        return [(FINAL, rid, results[rid]) for rid, _ in batch]
+
+    def _run(self, items: list, values: str, grid_key: str, kind: str, results: dict) -> None:
         torch = self.torch
-        pixels = np.concatenate([p["pixel_values"] for _, p in batch])
-        grid = np.concatenate([p["image_grid"] for _, p in batch])
+        pixels = np.concatenate([p[values] for _, p in items])
+        grid = np.concatenate([p[grid_key] for _, p in items])
         out = self.model(
             torch.from_numpy(pixels).to(self.ctx.device, self.model.dtype),
             grid_thw=torch.from_numpy(grid).to(self.ctx.device),
@@ -119,19 +134,12 @@ class VisionExecutor(_Encoder):
         merged = np32(out.pooler_output)
         deep = np.stack([np32(d) for d in out.deepstack_features])  # (layers, tokens, hidden)
         merge = self.model.spatial_merge_size**2
-        outs: list[Output] = []
         at = 0
-        for rid, p in batch:
-            n = int(sum(int(g.prod()) for g in p["image_grid"]) // merge)
-            outs.append(
-                (
-                    FINAL,
-                    rid,
-                    {"image_embeds": merged[at : at + n], "image_deepstack": deep[:, at : at + n]},
-                )
-            )
+        for rid, p in items:
+            n = int(sum(int(g.prod()) for g in p[grid_key]) // merge)
+            results[rid][f"{kind}_embeds"] = merged[at : at + n]
+            results[rid][f"{kind}_deepstack"] = deep[:, at : at + n]
             at += n
-        return outs
 
 
 def _now() -> float:

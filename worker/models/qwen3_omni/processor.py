@@ -25,6 +25,9 @@ class Prepared:
     audio_lens: list[int] = field(default_factory=list)  # feature frames per clip
     pixel_values: np.ndarray | None = None  # (patches, channels x patch volume)
     image_grid: np.ndarray | None = None  # (images, 3): t, h, w in patches
+    video_values: np.ndarray | None = None  # video patches, the same layout
+    video_grid: np.ndarray | None = None  # (videos, 3)
+    video_seconds: list[float] = field(default_factory=list)  # seconds per temporal patch
 
     def payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_ids": self.input_ids, "audio_lens": self.audio_lens}
@@ -33,6 +36,10 @@ class Prepared:
         if self.pixel_values is not None:
             out["pixel_values"] = self.pixel_values
             out["image_grid"] = self.image_grid
+        if self.video_values is not None:
+            out["video_values"] = self.video_values
+            out["video_grid"] = self.video_grid
+            out["video_seconds"] = self.video_seconds
         return out
 
 
@@ -49,6 +56,9 @@ class OmniProcessor:
         tok = self.tokenizer
         self.audio_token = tok.convert_tokens_to_ids(tok.audio_token)
         self.image_token = tok.convert_tokens_to_ids(tok.image_token)
+        self.video_token = tok.convert_tokens_to_ids(tok.video_token)
+        # Qwen3OmniMoeProcessor's own video sizes (min and max pixels per frame)
+        self.video_size = official.Qwen3OmniMoeProcessor.videos_kwargs["size"]
 
     def chat_text(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -89,8 +99,55 @@ class OmniProcessor:
             out.image_grid = np.asarray(batch["image_grid_thw"], dtype=np.int64)
             merge = int(self.images.merge_size) ** 2
             counts[self.image_token] = [int(g.prod()) // merge for g in out.image_grid]
+        videos = _parts(messages, "video")
+        if videos:
+            patched = [self.video_patches(v["video"], v.get("fps", 2.0)) for v in videos]
+            out.video_values = np.concatenate([p for p, _, _ in patched])
+            out.video_grid = np.stack([g for _, g, _ in patched])
+            out.video_seconds = [s for _, _, s in patched]
+            merge = int(self.images.merge_size) ** 2
+            counts[self.video_token] = [int(g.prod()) // merge for g in out.video_grid]
         out.input_ids = _expand(ids, counts)
         return out
+
+    def video_patches(
+        self, frames: np.ndarray, fps: float, size: dict[str, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Frames (T, H, W, 3) uint8 -> (patches, grid t/h/w, seconds per temporal patch), the
+        Qwen2-VL layout: frames resized to a multiple of patch x merge within the pixel bounds,
+        rescaled and normalised like images, ``temporal_patch_size`` consecutive frames per patch
+        (the last frame repeated to fill the final one)."""
+        from PIL import Image
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        ip = self.images
+        size = size or self.video_size
+        ps, merge, tp = int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size)
+        t, h, w = frames.shape[:3]
+        rh, rw = smart_resize(
+            h,
+            w,
+            factor=ps * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        resized = np.stack(
+            [
+                np.asarray(Image.fromarray(f).resize((rw, rh), Image.Resampling.BICUBIC))
+                for f in frames
+            ]
+        ).astype(np.float32)
+        mean = np.asarray(ip.image_mean, np.float32)
+        std = np.asarray(ip.image_std, np.float32)
+        x = ((resized * float(ip.rescale_factor) - mean) / std).transpose(0, 3, 1, 2)  # T, C, H, W
+        if t % tp:
+            x = np.concatenate([x, np.repeat(x[-1:], tp - t % tp, axis=0)])
+        gt, gh, gw = x.shape[0] // tp, rh // ps, rw // ps
+        c = x.shape[1]
+        x = x.reshape(gt, tp, c, gh // merge, merge, ps, gw // merge, merge, ps)
+        x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        patches = np.ascontiguousarray(x.reshape(gt * gh * gw, c * tp * ps * ps), dtype=np.float32)
+        return patches, np.array([gt, gh, gw], dtype=np.int64), tp / fps
 
 
 def _parts(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ class ThinkerExecutor(StageExecutor):
         self.embed = self.lm.embed_tokens
         tc = self.config.thinker_config
         self.audio_id, self.image_id = tc.audio_token_id, tc.image_token_id
+        self.video_id = tc.video_token_id
         self.eos = {self.config.im_end_token_id}
         self.accept = self.config.talker_config.accept_hidden_layer
         self.tts_ids = [
@@ -125,18 +126,21 @@ class ThinkerExecutor(StageExecutor):
         r.max_new = min(r.max_new, self.engine.context_length - n)
         embeds = self.embed(ids)
         embeds = self._scatter(embeds, ids == self.audio_id, p.get("audio_embeds"), "audio")
-        image_mask = ids == self.image_id
+        image_mask, video_mask = ids == self.image_id, ids == self.video_id
         embeds = self._scatter(embeds, image_mask, p.get("image_embeds"), "image")
-        deepstack = None
-        if p.get("image_deepstack") is not None:
-            deepstack = [torch.from_numpy(d).to(dev, embeds.dtype) for d in p["image_deepstack"]]
-        grid = p.get("image_grid")
+        embeds = self._scatter(embeds, video_mask, p.get("video_embeds"), "video")
+        visual_mask, deepstack = self._deepstack(p, image_mask[0], video_mask[0], embeds.dtype)
         lens = p.get("audio_lens") or None
+        image_grid, video_grid = p.get("image_grid"), p.get("video_grid")
         positions, deltas = self.thinker.model.get_rope_index(
             ids,
-            image_grid_thw=torch.from_numpy(grid).to(dev) if grid is not None else None,
+            image_grid_thw=torch.from_numpy(image_grid).to(dev) if image_grid is not None else None,
+            video_grid_thw=torch.from_numpy(video_grid).to(dev) if video_grid is not None else None,
             attention_mask=torch.ones_like(ids),
             audio_seqlens=torch.tensor(lens, device=dev) if lens else None,
+            second_per_grids=torch.tensor(p["video_seconds"], device=dev)
+            if video_grid is not None
+            else None,
         )
         text_pos = torch.arange(n, device=dev).view(1, 1, n)
         out = self.lm(
@@ -145,7 +149,7 @@ class ThinkerExecutor(StageExecutor):
             use_cache=True,
             output_hidden_states=r.to_talker,
             deepstack_visual_embeds=deepstack,
-            visual_pos_masks=image_mask if deepstack is not None else None,
+            visual_pos_masks=visual_mask,
         )
         r.pos, r.delta, r.prompt_len = n, int(deltas.view(-1)[0]), n
         first: dict[str, Any] = {}
@@ -165,6 +169,28 @@ class ThinkerExecutor(StageExecutor):
         if r.rid not in self.running:  # stopped at its first token
             self.batch.leave({r.rid})
         return outs
+
+    def _deepstack(
+        self, p: dict[str, Any], image_mask: Any, video_mask: Any, dtype: Any
+    ) -> tuple[Any, Any]:
+        """The vision encoder's deepstack features at the visual positions (images and video
+        frames in prompt order), added to the first decoder layers' hidden states."""
+        torch = self.torch
+        image, video = p.get("image_deepstack"), p.get("video_deepstack")
+        if image is None and video is None:
+            return None, None
+        visual = image_mask | video_mask
+        layers = []
+        for i in range(len(image if image is not None else video)):
+            joint = torch.zeros(
+                int(visual.sum()), self.embed.weight.shape[1], dtype=dtype, device=visual.device
+            )
+            if image is not None:
+                joint[image_mask[visual]] = torch.from_numpy(image[i]).to(joint)
+            if video is not None:
+                joint[video_mask[visual]] = torch.from_numpy(video[i]).to(joint)
+            layers.append(joint)
+        return visual[None], layers
 
     def _scatter(self, embeds: Any, mask: Any, values: Any, what: str) -> Any:
         if values is None:
