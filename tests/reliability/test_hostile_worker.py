@@ -484,6 +484,37 @@ def test_idle_and_trickled_heads_time_out(redis_url: str) -> None:
             w.loop.call_soon_threadsafe(w.engine.hold.set)
 
 
+def test_a_late_pipelined_head_never_lands_inside_a_response(redis_url: str) -> None:
+    """A head trickled behind a request still being answered: the 408 must not be written
+    into that answer."""
+    with inproc_worker(settings(head_timeout=1.0), redis_url) as w:
+
+        async def clear_hold() -> None:
+            w.engine.hold.clear()
+
+        asyncio.run_coroutine_threadsafe(clear_hold(), w.loop).result(timeout=5)
+        body = b'{"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}'
+        with socket.create_connection(("127.0.0.1", w.port), timeout=15) as sock:
+            try:
+                sock.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: w\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % len(body)
+                    + body
+                    + b"GET /health HTTP/1.1\r\nHo"  # ... and the rest never comes
+                )
+                time.sleep(2.5)  # past two head timeouts, the chat still held
+            finally:
+                w.loop.call_soon_threadsafe(w.engine.hold.set)
+            reply = read_all(sock)
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+        first, _, rest = reply.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in first.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))  # fmt: skip
+        assert b'"chat.completion"' in rest[:length]
+        assert rest[length:].startswith(b"HTTP/1.1 408"), rest[length:][:200]
+
+
 def test_connections_are_capped(redis_url: str) -> None:
     with inproc_worker(settings(max_connections=16), redis_url) as w:
         idle = [socket.create_connection(("127.0.0.1", w.port), timeout=10) for _ in range(16)]

@@ -122,6 +122,9 @@ if HttpToolsProtocol is not None:
                 REFUSALS.refused("idle connection closed")
                 self.transport.close()
                 return
+            if self._responding():  # a pipelined head behind a response still streaming
+                self._head_deadline = self.loop.call_later(self.head_timeout, self._head_late)
+                return
             message = f"request head not received within {self.head_timeout:g}s"
             self._refuse(408, ErrorCode.REQUEST_TIMEOUT, message)
 
@@ -162,6 +165,10 @@ if HttpToolsProtocol is not None:
                 message = f"the request headers are over this worker's limit of {limit} bytes"
             self._refuse(status, code, message)
 
+        def _responding(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is not None and not cycle.response_complete
+
         def _refuse(self, status: int, code: ErrorCode, message: str) -> None:
             """Answer before any ASGI code ran, then close the connection."""
             REFUSALS.refused(f"{status} {code.value}", message)
@@ -169,6 +176,11 @@ if HttpToolsProtocol is not None:
             if self._head_deadline is not None:
                 self._head_deadline.cancel()
                 self._head_deadline = None
+            if self._responding():
+                # a pipelined request behind a response still being written: an answer now
+                # would land inside that response; the connection goes instead
+                self.transport.close()
+                return
             headers = self.server_state.default_headers
             self.transport.write(error_response(status, code, message, headers))
             # Lingering close, as nginx does: closing with the client's bytes still unread
