@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the isolated reference environment for the equality tests of Qwen3-TTS and Qwen3-ASR:
+# the official `qwen-tts` and `qwen-asr` packages from PyPI, which pin transformers 4.57, in a
+# venv that shares the system torch (--system-site-packages) but has its own transformers 4.57.x,
+# tokenizers and huggingface-hub. Idempotent: a finished venv (its marker file) is kept.
+#
+#   scripts/reference_venv.sh [DIR]      # default: $OMNI_REFERENCE_VENV or ~/.cache/omni-fleet/reference-venv
+#
+# Only optional imports that the checked code paths never call are stubbed (see STUBS below):
+# the 25 Hz tokenizer's sox/onnxruntime/torchaudio (the 12 Hz models never build it) and the
+# forced aligner's nagisa (Japanese word splitting; not used for transcripts). Everything the
+# checked paths run (transformers, librosa's mel filters and resampling, soundfile, einops) is
+# the real package.
+set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+DIR="${1:-${OMNI_REFERENCE_VENV:-$HOME/.cache/omni-fleet/reference-venv}}"
+MARKER="$DIR/.omni-reference-ready-v1"
+[[ -f "$MARKER" ]] && { echo "$DIR"; exit 0; }
+
+rm -rf "$DIR"
+python3 -m venv --system-site-packages "$DIR"
+PY="$DIR/bin/python"
+"$PY" -m pip install -q \
+  "transformers==4.57.6" "tokenizers>=0.22,<0.23" "huggingface-hub>=0.34,<1.0" \
+  "accelerate==1.12.0" "librosa>=0.10" "einops>=0.8" >&2
+# The official packages without their heavy optional dependencies (gradio, vllm, sox, ...).
+"$PY" -m pip install -q --no-deps "qwen-tts==0.1.1" "qwen-asr==0.0.6" >&2
+
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+STUBS="$SITE/omni_reference_stubs"
+mkdir -p "$STUBS/torchaudio/compliance"
+# Stubs raise if anything actually calls them: a checked path that needs one fails loudly.
+for mod in sox onnxruntime nagisa; do
+  cat >"$STUBS/$mod.py" <<EOF
+def __getattr__(name):
+    raise RuntimeError("omni-fleet reference venv: '$mod.' + name + ' is stubbed (never used by the checked paths)")
+EOF
+done
+: >"$STUBS/torchaudio/__init__.py"
+: >"$STUBS/torchaudio/compliance/__init__.py"
+cat >"$STUBS/torchaudio/compliance/kaldi.py" <<'EOF'
+def __getattr__(name):
+    raise RuntimeError("omni-fleet reference venv: torchaudio.compliance.kaldi is stubbed")
+EOF
+# Appended to sys.path after site-packages: a real install of any of these wins.
+echo "$STUBS" >"$SITE/omni_reference_stubs.pth"
+
+"$PY" - <<'EOF' >&2
+import transformers, qwen_tts, qwen_asr  # noqa: F401
+assert transformers.__version__.startswith("4.57."), transformers.__version__
+from qwen_tts.core.models import Qwen3TTSForConditionalGeneration  # noqa: F401
+from qwen_asr.core.transformers_backend import Qwen3ASRForConditionalGeneration  # noqa: F401
+EOF
+touch "$MARKER"
+echo "$DIR"

@@ -1,0 +1,310 @@
+"""Greedy Qwen3-TTS generation, batched over requests, step by step.
+
+A request's talker prompt is built as the model defines it (``build_prompt``): optional
+instruction turn, the assistant role, codec control codes (think/nothink, language, speaker),
+then the text, either all at once (non-streaming text input) or one text token per generated
+frame (streaming text input, the ``trailing`` embeddings). Each step of ``TalkerEngine.step``
+advances every running request by one frame: one batched talker forward over their own KV
+caches, the first code picked from the codec head (repetition penalty, codes above the codebook
+suppressed except end-of-speech, end-of-speech forbidden for the first two frames), then the
+code predictor fills in the other code groups for the whole batch.
+
+Limits follow the official generate: ``max_new_tokens`` counts generated first codes, the
+frame of the last one is never produced, so at most ``max_new_tokens - 1`` frames come out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.models.qwen3_tts.modeling import KVCache, Qwen3TTSModel, speaker_mel
+
+
+class TTSInputError(ValueError):
+    """The request cannot be voiced by this checkpoint (unknown speaker, language...)."""
+
+
+def read_config(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / "config.json").read_text())
+
+
+def generation_defaults(checkpoint: Path) -> dict[str, Any]:
+    path = checkpoint / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load_model(checkpoint: Path, device: str = "cpu", dtype=torch.float32) -> Qwen3TTSModel:
+    """Build the module tree and load ``model.safetensors`` (or its shards) strictly."""
+    from worker.models.qwen3_tts.weights import load_into
+
+    config = read_config(checkpoint)
+    with torch.device("meta"):
+        model = Qwen3TTSModel(config)
+    load_into(model, checkpoint, device=device, dtype=dtype)
+    return model.eval()
+
+
+@dataclass
+class Prompt:
+    embeds: torch.Tensor  # (1, T, H)
+    trailing: torch.Tensor  # (1, N, H): added to the inputs of the first N steps
+    pad: torch.Tensor  # (1, 1, H): added after those
+
+
+class PromptBuilder:
+    def __init__(self, model: Qwen3TTSModel, tokenizer: Any) -> None:
+        self.model = model
+        self.talker = model.talker
+        self.tok = tokenizer
+        self.cfg = model.config
+        self.tc = model.config["talker_config"]
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted((self.tc.get("spk_id") or {}).keys())
+
+    @property
+    def languages(self) -> list[str]:
+        known = (self.tc.get("codec_language_id") or {}).keys()
+        return ["auto", *sorted(k for k in known if "dialect" not in k)]
+
+    @property
+    def supports_instructions(self) -> bool:
+        """The 0.6B CustomVoice model takes no instructions (the official package drops them)."""
+        return self.cfg.get("tts_model_size") != "0b6" and self.cfg.get("tts_model_type") != "base"
+
+    def ids(self, text: str) -> torch.Tensor:
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        return torch.tensor([ids], dtype=torch.long, device=self._device)
+
+    @property
+    def _device(self):
+        return self.talker.codec_head.weight.device
+
+    def text_ids(self, text: str) -> torch.Tensor:
+        return self.ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+    @torch.inference_mode()
+    def build(
+        self,
+        text: str,
+        *,
+        language: str = "auto",
+        speaker: str | None = None,
+        instruct: str | None = None,
+        speaker_embedding: torch.Tensor | None = None,
+        ref_text: str | None = None,
+        ref_codes: torch.Tensor | None = None,
+        non_streaming: bool = True,
+    ) -> Prompt:
+        t, tc, dev = self.talker, self.tc, self._device
+
+        def codec(ids: list[int]) -> torch.Tensor:
+            return t.codec_embed(torch.tensor([ids], dtype=torch.long, device=dev))
+
+        lang = (language or "auto").lower()
+        langs = tc.get("codec_language_id") or {}
+        if lang != "auto" and lang not in langs:
+            raise TTSInputError(f"unknown language {language!r}; known: {self.languages}")
+        lang_id = None if lang == "auto" else langs[lang]
+        spk_vec = None
+        if speaker_embedding is not None:
+            spk_vec = speaker_embedding.to(dev, t.codec_head.weight.dtype).view(1, 1, -1)
+        elif speaker:
+            key = speaker.lower()
+            if key not in (tc.get("spk_id") or {}):
+                raise TTSInputError(f"unknown voice {speaker!r}; known: {self.speakers}")
+            spk_vec = codec([tc["spk_id"][key]])
+            dialect = (tc.get("spk_is_dialect") or {}).get(key)
+            if lang in ("chinese", "auto") and dialect:
+                lang_id = langs[dialect]
+        ids = self.text_ids(text)
+        special = torch.tensor(
+            [
+                [
+                    self.cfg["tts_bos_token_id"],
+                    self.cfg["tts_eos_token_id"],
+                    self.cfg["tts_pad_token_id"],
+                ]
+            ],
+            device=dev,
+        )
+        bos_e, eos_e, pad_e = t.text_embed(special).chunk(3, dim=1)
+        if lang_id is None:
+            ctrl = [tc["codec_nothink_id"], tc["codec_think_bos_id"], tc["codec_think_eos_id"]]
+        else:
+            ctrl = [
+                tc["codec_think_id"],
+                tc["codec_think_bos_id"],
+                lang_id,
+                tc["codec_think_eos_id"],
+            ]
+        parts = [codec(ctrl)]
+        if spk_vec is not None:
+            parts.append(spk_vec)
+        parts.append(codec([tc["codec_pad_id"], tc["codec_bos_id"]]))
+        codec_in = torch.cat(parts, dim=1)
+        n = codec_in.shape[1]
+        head = torch.cat([pad_e.expand(-1, n - 2, -1), bos_e], dim=1) + codec_in[:, :-1]
+        pieces = []
+        if instruct and self.supports_instructions:
+            pieces.append(t.text_embed(self.ids(f"<|im_start|>user\n{instruct}<|im_end|>\n")))
+        pieces += [t.text_embed(ids[:, :3]), head]
+        body = ids[:, 3:-5]
+        if ref_codes is not None:
+            if not ref_text:
+                raise TTSInputError("voice cloning with reference codes needs the reference text")
+            ref_ids = self.ids(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[:, 3:-2]
+            text_e = torch.cat([t.text_embed(torch.cat([ref_ids, body], dim=1)), eos_e], dim=1)
+            frames = ref_codes.to(dev).long()
+            codec_e = torch.cat(
+                [codec([tc["codec_bos_id"]]), t.frame_embed(frames).transpose(0, 1)], 1
+            )
+            tl, cl = text_e.shape[1], codec_e.shape[1]
+            if non_streaming:
+                icl = text_e + codec([tc["codec_pad_id"]] * tl)
+                pieces.append(torch.cat([icl, codec_e + pad_e], dim=1))
+                trailing = pad_e
+            elif tl > cl:
+                pieces.append(text_e[:, :cl] + codec_e)
+                trailing = text_e[:, cl:]
+            else:
+                pieces.append(torch.cat([text_e] + [pad_e] * (cl - tl), dim=1) + codec_e)
+                trailing = pad_e
+        elif non_streaming:
+            all_text = torch.cat([t.text_embed(body), eos_e], dim=1)
+            pieces.append(all_text + codec([tc["codec_pad_id"]] * all_text.shape[1]))
+            pieces.append(pad_e + codec([tc["codec_bos_id"]]))
+            trailing = pad_e
+        else:
+            pieces.append(t.text_embed(ids[:, 3:4]) + codec_in[:, -1:])
+            trailing = torch.cat([t.text_embed(ids[:, 4:-5]), eos_e], dim=1)
+        return Prompt(torch.cat(pieces, dim=1), trailing, pad_e)
+
+
+@dataclass
+class TalkerRequest:
+    rid: str
+    prompt: Prompt
+    max_new_tokens: int
+    cache: KVCache | None = None
+    hidden: torch.Tensor | None = None  # (1, 1, H): last talker output
+    token: int | None = None  # the first code waiting for its frame
+    generated: list[int] = field(default_factory=list)  # first codes so far
+    frames: int = 0
+    done: bool = False
+
+
+class TalkerEngine:
+    """Runs many requests' talker steps as one batch."""
+
+    def __init__(self, model: Qwen3TTSModel, defaults: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.talker = model.talker
+        tc = model.config["talker_config"]
+        self.eos = tc["codec_eos_token_id"]
+        vocab = tc["vocab_size"]
+        self.suppress = torch.ones(vocab, dtype=torch.bool)
+        self.suppress[: vocab - 1024] = False
+        self.suppress[self.eos] = False
+        self.repetition_penalty = float((defaults or {}).get("repetition_penalty", 1.05))
+        self.min_new_tokens = 2
+
+    def _pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
+        """logits (B, vocab) -> next first codes, as the official greedy generate picks them."""
+        logits = logits.float().clone()
+        p = self.repetition_penalty
+        for i, r in enumerate(reqs):
+            if p != 1.0 and r.generated:
+                idx = torch.tensor(sorted(set(r.generated)), device=logits.device)
+                s = logits[i, idx]
+                logits[i, idx] = torch.where(s < 0, s * p, s / p)
+            if len(r.generated) < self.min_new_tokens:
+                logits[i, self.eos] = float("-inf")
+        logits[:, self.suppress.to(logits.device)] = float("-inf")
+        return logits.argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def prefill(self, req: TalkerRequest) -> None:
+        m = self.talker.model
+        req.cache = KVCache.empty(m.s.num_layers)
+        h = m.prefill(req.prompt.embeds, req.cache)[:, -1:]
+        req.hidden = h
+        self._advance([req], self.talker.codec_head(h[:, -1]))
+
+    def _advance(self, reqs: list[TalkerRequest], logits: torch.Tensor) -> None:
+        for r, tok in zip(reqs, self._pick(logits, reqs), strict=True):
+            r.generated.append(tok)
+            r.token = tok
+            if tok == self.eos or len(r.generated) >= r.max_new_tokens:
+                r.done = True
+
+    @torch.inference_mode()
+    def step(self, reqs: list[TalkerRequest]) -> list[torch.Tensor]:
+        """One frame for each running request (none of them done): returns each one's frame
+        (groups,) and runs the talker on it, so that the next first code is known."""
+        t = self.talker
+        dev = t.codec_head.weight.device
+        first = torch.tensor([r.token for r in reqs], device=dev)
+        hidden = torch.cat([r.hidden for r in reqs], dim=0)
+        first_e = t.codec_embed(first)[:, None]
+        rest = t.code_predictor.predict(hidden, first_e)
+        frames = torch.cat([first[:, None], rest], dim=1)
+        x = t.frame_embed(frames)
+        adds = []
+        for r in reqs:
+            tr = r.prompt.trailing
+            adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
+            r.frames += 1
+        x = x + torch.stack(adds, dim=0)
+        h = t.model.step(x, [r.cache for r in reqs])
+        for i, r in enumerate(reqs):
+            r.hidden = h[i : i + 1]
+        self._advance(reqs, t.codec_head(h[:, -1]))
+        return [frames[i] for i in range(len(reqs))]
+
+
+def speaker_embedding(model: Qwen3TTSModel, wav24k: torch.Tensor) -> torch.Tensor:
+    """The x-vector of 24 kHz mono audio (Base checkpoints)."""
+    if model.speaker_encoder is None:
+        raise TTSInputError("this checkpoint has no speaker encoder (voice cloning needs Base)")
+    enc = model.speaker_encoder
+    dtype = next(enc.parameters()).dtype
+    dev = next(enc.parameters()).device
+    with torch.inference_mode():
+        return enc(speaker_mel(wav24k.to(dev)).to(dtype))[0]
+
+
+def generate(
+    model: Qwen3TTSModel,
+    builder: PromptBuilder,
+    texts: list[dict[str, Any]],
+    max_new_tokens: int,
+    defaults: dict[str, Any] | None = None,
+) -> list[torch.Tensor]:
+    """Whole-utterance greedy generation for several requests at once: codes (frames, groups)."""
+    engine = TalkerEngine(model, defaults)
+    reqs = []
+    for i, kw in enumerate(texts):
+        kw = dict(kw)
+        text = kw.pop("text")
+        r = TalkerRequest(str(i), builder.build(text, **kw), max_new_tokens)
+        engine.prefill(r)
+        reqs.append(r)
+    out: dict[str, list[torch.Tensor]] = {r.rid: [] for r in reqs}
+    while True:
+        running = [r for r in reqs if not r.done]
+        if not running:
+            break
+        for r, f in zip(running, engine.step(running), strict=True):
+            out[r.rid].append(f)
+    groups = model.config["talker_config"]["num_code_groups"]
+    return [
+        torch.stack(out[r.rid]) if out[r.rid] else torch.zeros(0, groups, dtype=torch.long)
+        for r in reqs
+    ]

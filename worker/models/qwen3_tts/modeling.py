@@ -1,0 +1,503 @@
+"""Qwen3-TTS-12Hz's talker, code predictor and speaker encoder, written for omni-fleet.
+
+The module tree uses the published checkpoint's names (``talker.model.layers.N.self_attn.q_proj``,
+``talker.code_predictor.lm_head.J``, ``speaker_encoder.blocks.N``...), so the official
+``model.safetensors`` loads into it with a strict key check. The computation follows the
+model's definition: Qwen3-style decoder layers (RMSNorm, q/k norm per head, grouped-query
+attention, SwiGLU). The talker's multimodal rope gives every section the same position for
+speech, which is plain 1-D rope; it is computed that way here.
+
+Decoding keeps one KV cache per request (``KVCache``) so that requests of different lengths
+step together: a batched step left-pads the caches to the longest one and masks the padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
+    """cos/sin of shape (B, T, head_dim) for integer positions (B, T)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[..., None] * inv.to(positions.device)[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+@dataclass
+class DecoderShape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any]) -> DecoderShape:
+        heads = cfg["num_attention_heads"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, s: DecoderShape, qk_norm: bool = True, bias: bool = False) -> None:
+        super().__init__()
+        self.s = s
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=bias)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, mask, cache: list | None):
+        """x (B, T, H); cache: [k, v] of this layer (B, kvh, S, d) or None; mask (B, 1, T, S+T)
+        additive or None (causal over T, no past)."""
+        b, t, _ = x.shape
+        s = self.s
+        q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
+        k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+        v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+        if cache is not None:
+            if cache[0] is not None:
+                k = torch.cat([cache[0], k], dim=2)
+                v = torch.cat([cache[1], v], dim=2)
+            cache[0], cache[1] = k, v
+        rep = s.num_heads // s.num_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: DecoderShape) -> None:
+        super().__init__()
+        self.self_attn = Attention(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class KVCache:
+    """One request's keys and values: per layer [k, v] of shape (1, kvh, S, d)."""
+
+    layers: list[list[Any]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n: int) -> KVCache:
+        return cls([[None, None] for _ in range(n)])
+
+    @property
+    def length(self) -> int:
+        k = self.layers[0][0] if self.layers else None
+        return 0 if k is None else int(k.shape[2])
+
+
+class Decoder(nn.Module):
+    """Stack of Qwen3 decoder layers + final norm (``layers``, ``norm``)."""
+
+    def __init__(self, s: DecoderShape) -> None:
+        super().__init__()
+        self.s = s
+        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def prefill(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One request's prompt (1, T, H) into an empty cache; returns hidden states."""
+        t = x.shape[1]
+        pos = torch.arange(t, device=x.device)[None]
+        cos, sin = rope_cos_sin(pos, self.s.head_dim, self.s.rope_theta, x.dtype)
+        for layer, c in zip(self.layers, cache.layers, strict=True):
+            x = layer(x, cos, sin, None, c)
+        return self.norm(x)
+
+    def step(self, x: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """One new position for each of B requests (B, 1, H), each with its own cache."""
+        b = x.shape[0]
+        lens = [c.length for c in caches]
+        longest = max(lens)
+        pos = torch.tensor(lens, device=x.device)[:, None]
+        cos, sin = rope_cos_sin(pos, self.s.head_dim, self.s.rope_theta, x.dtype)
+        if b == 1:
+            mask = None
+            for layer, c in zip(self.layers, caches[0].layers, strict=True):
+                x = layer(x, cos, sin, mask, c)
+            return self.norm(x)
+        # Left-pad every cache to the longest, attend over padding + own keys + the new one.
+        keep = torch.zeros(b, 1, 1, longest + 1, dtype=x.dtype, device=x.device)
+        for i, n in enumerate(lens):
+            keep[i, ..., : longest - n] = torch.finfo(x.dtype).min
+        for li, layer in enumerate(self.layers):
+            ks, vs = [], []
+            for c, n in zip(caches, lens, strict=True):
+                k, v = c.layers[li]
+                if n < longest:
+                    pad = (0, 0, longest - n, 0)
+                    k, v = F.pad(k, pad), F.pad(v, pad)
+                ks.append(k)
+                vs.append(v)
+            batch_cache = [torch.cat(ks), torch.cat(vs)]
+            x = layer(x, cos, sin, keep, batch_cache)
+            for i, (c, n) in enumerate(zip(caches, lens, strict=True)):
+                c.layers[li][0] = batch_cache[0][i : i + 1, :, longest - n :]
+                c.layers[li][1] = batch_cache[1][i : i + 1, :, longest - n :]
+        return self.norm(x)
+
+
+class ResizeMLP(nn.Module):
+    """``text_projection``: text embeddings -> talker width (fc1, silu, fc2, with biases)."""
+
+    def __init__(self, inp: int, inter: int, out: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(inp, inter, bias=True)
+        self.linear_fc2 = nn.Linear(inter, out, bias=True)
+
+    def forward(self, x):
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerModel(Decoder):
+    """``talker.model``: the decoder plus the codec and text embeddings."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(DecoderShape.of(cfg))
+        self.codec_embedding = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.text_embedding = nn.Embedding(cfg["text_vocab_size"], cfg["text_hidden_size"])
+
+
+class CodePredictorModel(Decoder):
+    def __init__(self, cfg: dict[str, Any], embedding_dim: int) -> None:
+        super().__init__(DecoderShape.of(cfg))
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg["vocab_size"], embedding_dim)
+            for _ in range(cfg["num_code_groups"] - 1)
+        )
+
+
+class CodePredictor(nn.Module):
+    """``talker.code_predictor``: given the talker's last hidden state and a frame's first
+    code, the frame's other code groups, one after the other (greedy)."""
+
+    def __init__(self, cfg: dict[str, Any], talker_hidden: int) -> None:
+        super().__init__()
+        self.groups = cfg["num_code_groups"]
+        self.model = CodePredictorModel(cfg, talker_hidden)
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+            for _ in range(self.groups - 1)
+        )
+        if cfg["hidden_size"] != talker_hidden:
+            self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg["hidden_size"], bias=True)
+        else:
+            self.small_to_mtp_projection = None
+
+    def _proj(self, x):
+        return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
+
+    def predict(self, hidden: torch.Tensor, first_embed: torch.Tensor) -> torch.Tensor:
+        """hidden, first_embed: (B, 1, talker_hidden) -> codes (B, groups - 1), greedy. All B
+        requests have the same length here, so the batch needs no padding."""
+        m = self.model
+        b = hidden.shape[0]
+        x = self._proj(torch.cat([hidden, first_embed], dim=1))
+        n = m.s.num_layers
+        cache = [[None, None] for _ in range(n)]
+        pos = torch.arange(2, device=x.device)[None].expand(b, -1)
+        cos, sin = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+        for layer, c in zip(m.layers, cache, strict=True):
+            x = layer(x, cos, sin, None, c)
+        h = m.norm(x)[:, -1:]
+        out = []
+        for j in range(self.groups - 1):
+            code = self.lm_head[j](h[:, -1]).argmax(-1)
+            out.append(code)
+            if j == self.groups - 2:
+                break
+            x = self._proj(m.codec_embedding[j](code)[:, None])
+            pos = torch.full((b, 1), 2 + j, device=x.device)
+            cos, sin = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+            for layer, c in zip(m.layers, cache, strict=True):
+                x = layer(x, cos, sin, None, c)
+            h = m.norm(x)
+        return torch.stack(out, dim=1)
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = TalkerModel(cfg)
+        self.text_projection = ResizeMLP(
+            cfg["text_hidden_size"], cfg["text_hidden_size"], cfg["hidden_size"]
+        )
+        self.codec_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+        self.code_predictor = CodePredictor(cfg["code_predictor_config"], cfg["hidden_size"])
+
+    def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.model.text_embedding(ids))
+
+    def codec_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(ids)
+
+    def frame_embed(self, frame: torch.Tensor) -> torch.Tensor:
+        """Sum of a frame's code-group embeddings: frame (B, groups) -> (B, 1, H)."""
+        x = self.model.codec_embedding(frame[:, 0])
+        for j, emb in enumerate(self.code_predictor.model.codec_embedding):
+            x = x + emb(frame[:, j + 1])
+        return x[:, None]
+
+
+# ---- speaker encoder (ECAPA-TDNN), Base checkpoints only ------------------------------------
+
+
+class TDNNBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(
+            cin, cout, kernel, dilation=dilation, padding="same", padding_mode="reflect"
+        )
+
+    def forward(self, x):
+        return F.relu(self.conv(x))
+
+
+class Res2NetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, scale: int, kernel: int, dilation: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.blocks = nn.ModuleList(
+            TDNNBlock(cin // scale, cout // scale, kernel, dilation) for _ in range(scale - 1)
+        )
+
+    def forward(self, x):
+        parts = torch.chunk(x, self.scale, dim=1)
+        outs = [parts[0]]
+        prev = None
+        for i in range(1, self.scale):
+            prev = self.blocks[i - 1](parts[i] if i == 1 else parts[i] + prev)
+            outs.append(prev)
+        return torch.cat(outs, dim=1)
+
+
+def _conv1(cin: int, cout: int) -> nn.Conv1d:
+    return nn.Conv1d(cin, cout, 1, padding="same", padding_mode="reflect")
+
+
+class SEBlock(nn.Module):
+    def __init__(self, cin: int, se: int, cout: int) -> None:
+        super().__init__()
+        self.conv1 = _conv1(cin, se)
+        self.conv2 = _conv1(se, cout)
+
+    def forward(self, x):
+        s = x.mean(dim=2, keepdim=True)
+        return x * torch.sigmoid(self.conv2(F.relu(self.conv1(s))))
+
+
+class SERes2NetBlock(nn.Module):
+    def __init__(self, cin, cout, scale, se, kernel, dilation) -> None:
+        super().__init__()
+        self.tdnn1 = TDNNBlock(cin, cout, 1, 1)
+        self.res2net_block = Res2NetBlock(cout, cout, scale, kernel, dilation)
+        self.tdnn2 = TDNNBlock(cout, cout, 1, 1)
+        self.se_block = SEBlock(cout, se, cout)
+
+    def forward(self, x):
+        return x + self.se_block(self.tdnn2(self.res2net_block(self.tdnn1(x))))
+
+
+class AttentiveStatsPool(nn.Module):
+    def __init__(self, channels: int, attention: int) -> None:
+        super().__init__()
+        self.tdnn = TDNNBlock(channels * 3, attention, 1, 1)
+        self.conv = _conv1(attention, channels)
+
+    @staticmethod
+    def _stats(x, w):
+        mean = (w * x).sum(2)
+        std = torch.sqrt((w * (x - mean[..., None]).pow(2)).sum(2).clamp(1e-12))
+        return mean, std
+
+    def forward(self, x):
+        t = x.shape[-1]
+        w = torch.full_like(x[:, :1], 1.0 / t)
+        mean, std = self._stats(x, w)
+        ctx = torch.cat([x, mean[..., None].expand(-1, -1, t), std[..., None].expand(-1, -1, t)], 1)
+        att = F.softmax(self.conv(torch.tanh(self.tdnn(ctx))), dim=2)
+        mean, std = self._stats(x, att)
+        return torch.cat([mean, std], dim=1)[..., None]
+
+
+class SpeakerEncoder(nn.Module):
+    """``speaker_encoder``: 128-bin log-mel frames -> one x-vector of the talker's width."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        ch = cfg.get("enc_channels", [512, 512, 512, 512, 1536])
+        ks = cfg.get("enc_kernel_sizes", [5, 3, 3, 3, 1])
+        dil = cfg.get("enc_dilations", [1, 2, 3, 4, 1])
+        scale = cfg.get("enc_res2net_scale", 8)
+        se = cfg.get("enc_se_channels", 128)
+        self.blocks = nn.ModuleList([TDNNBlock(cfg.get("mel_dim", 128), ch[0], ks[0], dil[0])])
+        for i in range(1, len(ch) - 1):
+            self.blocks.append(SERes2NetBlock(ch[i - 1], ch[i], scale, se, ks[i], dil[i]))
+        self.mfa = TDNNBlock(ch[-1], ch[-1], ks[-1], dil[-1])
+        self.asp = AttentiveStatsPool(ch[-1], cfg.get("enc_attention_channels", 128))
+        self.fc = _conv1(ch[-1] * 2, cfg.get("enc_dim", 1024))
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        """mels (B, frames, 128) -> (B, enc_dim)."""
+        x = mels.transpose(1, 2)
+        outs = []
+        for block in self.blocks:
+            x = block(x)
+            outs.append(x)
+        x = self.mfa(torch.cat(outs[1:], dim=1))
+        return self.fc(self.asp(x)).squeeze(-1)
+
+
+_MEL_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def speaker_mel(wav: torch.Tensor) -> torch.Tensor:
+    """The speaker encoder's input: 24 kHz mono (T,) -> log-mel (1, frames, 128): n_fft 1024,
+    hop 256, Hann window, reflect padding of (n_fft - hop) / 2 on each side, magnitude with a
+    1e-9 floor, Slaney-normalised mel filters on 0..12 kHz, natural log clipped at 1e-5."""
+    from transformers.audio_utils import mel_filter_bank
+
+    n_fft, hop, sr, n_mels = 1024, 256, 24000, 128
+    key = (n_fft, n_mels, sr)
+    if key not in _MEL_CACHE:
+        fb = mel_filter_bank(
+            num_frequency_bins=n_fft // 2 + 1,
+            num_mel_filters=n_mels,
+            min_frequency=0.0,
+            max_frequency=12000.0,
+            sampling_rate=sr,
+            norm="slaney",
+            mel_scale="slaney",
+        )
+        _MEL_CACHE[key] = torch.from_numpy(fb.T).float()
+    basis = _MEL_CACHE[key].to(wav.device)
+    pad = (n_fft - hop) // 2
+    y = F.pad(wav.float()[None, None], (pad, pad), mode="reflect")[0]
+    spec = torch.stft(
+        y,
+        n_fft,
+        hop_length=hop,
+        win_length=n_fft,
+        window=torch.hann_window(n_fft, device=wav.device),
+        center=False,
+        normalized=False,
+        onesided=True,
+        return_complex=True,
+    )
+    mag = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
+    mel = torch.log(torch.clamp(basis @ mag, min=1e-5))
+    return mel.transpose(1, 2)
+
+
+class Qwen3TTSModel(nn.Module):
+    """The root of ``model.safetensors``: ``talker`` and, on Base, ``speaker_encoder``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.talker = Talker(config["talker_config"])
+        if config.get("tts_model_type") == "base":
+            self.speaker_encoder = SpeakerEncoder(config.get("speaker_encoder_config") or {})
+        else:
+            self.speaker_encoder = None
+
+
+def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Seeded weights for the embedded tiny checkpoints: normal(std) for matrices, ones plus
+    noise for norms and scales, noise for biases."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            elif name.endswith(("norm.weight", "layernorm.weight")):
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * std)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = [
+    "KVCache",
+    "Qwen3TTSModel",
+    "SpeakerEncoder",
+    "Talker",
+    "init_random",
+    "speaker_mel",
+]
