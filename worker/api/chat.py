@@ -70,9 +70,8 @@ async def _messages(
             elif isinstance(part, ImagePart):
                 if Modality.IMAGE not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no image input", param)
-                images.append(
-                    {"type": "image", "image": decode_image_url(part.image_url.url, param)}
-                )
+                image = await asyncio.to_thread(decode_image_url, part.image_url.url, param)
+                images.append({"type": "image", "image": image})
             elif isinstance(part, VideoPart):
                 if Modality.VIDEO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no video input", param)

@@ -145,3 +145,39 @@ def load_stage_module(
     module.to(device)
     report = LoadReport(tensors=len(state), elements=elements, files=tuple(sorted(handles)))
     return module.eval(), report
+
+
+def random_stage_module(
+    model_dir: Path, component: ComponentSpec, dtype: str, device: str, seed: int = 0
+) -> tuple[Any, LoadReport]:
+    """The component's module at full size with seeded random weights and no checkpoint: for
+    measuring memory and speed of real-size stages (bench/gpu_check.py). Parameters are made
+    directly on ``device``; the rest of the model is never materialised."""
+    import torch
+
+    config_dir = model_dir / component.config_dir if component.config_dir else model_dir
+    raw = json.loads((config_dir / "config.json").read_text())
+    cls = model_class(raw, config_dir)
+    config = cls.config_class.from_pretrained(config_dir)
+    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    with parameters_on_meta():
+        whole = cls._from_config(config, dtype=torch_dtype)
+    module = whole.get_submodule(component.module) if component.module else whole
+    for name in component.exclude:
+        parent, _, leaf = name.rpartition(".")
+        delattr(module.get_submodule(parent) if parent else module, leaf)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    elements = 0
+    replaced: dict[int, Any] = {}
+    for sub in module.modules():
+        for key, p in list(sub._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in replaced:
+                data = torch.empty(p.shape, dtype=torch_dtype, device=device)
+                data.normal_(0.0, 0.02, generator=gen)
+                replaced[id(p)] = torch.nn.Parameter(data, requires_grad=False)
+                elements += p.numel()
+            sub._parameters[key] = replaced[id(p)]
+    module.to(device)
+    return module.eval(), LoadReport(tensors=len(replaced), elements=elements, files=())

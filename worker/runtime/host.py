@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ class _Busy:
 
 
 def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
+    # A Ctrl-C or SIGTERM sent to the whole process group is the worker's to handle: it drains
+    # and then stops its stages itself (STOP, else SIGKILL); a stage process also exits when
+    # its coordinator is gone. Dying at once here would fail the requests being drained.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ.update(cfg.env)
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -11,15 +11,15 @@ def load(ctx: StageContext) -> tuple[Any, Any]:
     """(the model's whole config, this stage's module with only its own weights)."""
     from transformers import Qwen3OmniMoeConfig
 
-    from worker.models.stage_weights import load_stage_module
+    from worker.models.stage_weights import load_stage_module, random_stage_module
 
     if ctx.stage.component is None:
         raise ValueError(f"stage {ctx.name} needs a component")
     if ctx.stage.tp_size > 1:
         raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
-    module, report = load_stage_module(
-        ctx.checkpoint, ctx.stage.component, ctx.stage.dtype, ctx.device
-    )
+    # bench/gpu_check.py measures real-size stages without a 70 GB download
+    build = random_stage_module if ctx.extra.get("random_weights") else load_stage_module
+    module, report = build(ctx.checkpoint, ctx.stage.component, ctx.stage.dtype, ctx.device)
     ctx.extra["loaded"] = report
     return Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint), module
 
