@@ -129,7 +129,11 @@ class Upstream(asyncio.Protocol):
                     self._relay_raw(view[end:])
                     return
                 data = view[end:]  # type: ignore[assignment]
-        if not self._feed(data):
+        try:  # inline rather than self._feed(): this is the path of every response
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail_reason = f"bad response from worker: {exc}"
+            self.transport.close()  # type: ignore[union-attr]
             return
         if self.head is not None and self.client is not None:
             # the head came without body bytes: send it now, a stream may wait for its first event
