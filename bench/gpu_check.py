@@ -3,7 +3,7 @@ on CPU: per-stage peak memory against omni-plan's figures, time to first token, 
 first audio. Run by hand:
 
     python bench/gpu_check.py --device cuda          # qwen3-omni-30b-a3b-speech, bf16
-    python bench/gpu_check.py                        # tiny-qwen3-omni on CPU
+    python bench/gpu_check.py                        # tiny-omni on CPU
 
 The stages are the worker's own executors (worker/models/qwen3_omni/), driven in one process the
 way the coordinator drives them (thinker chunks -> talker -> code2wav), so stage-to-stage tensors
@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_SPEC = REPO / "configs" / "models" / "qwen3-omni-30b-a3b-speech.yaml"
-CPU_SPEC = REPO / "configs" / "models" / "tiny-qwen3-omni.yaml"
+CPU_SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 GPU_STAGES = ("audio_encoder", "image_encoder", "thinker", "talker", "code2wav")
 
 

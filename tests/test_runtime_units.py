@@ -31,19 +31,21 @@ def tiny_spec() -> ModelSpec:
 # ---- routing ---------------------------------------------------------------------------------
 def test_text_only_route_skips_talker_and_vocoder() -> None:
     rt = route(tiny_spec(), frozenset({"text"}))
-    assert rt.active == ("preprocessing", "audio_encoder", "thinker", "decode")
+    assert rt.active == ("preprocessing", "image_encoder", "audio_encoder", "thinker", "decode")
     assert rt.terminals == {"decode"}
     assert rt.next_targets["audio_encoder"] == ("thinker",)
+    assert rt.required["thinker"] == {"preprocessing", "image_encoder", "audio_encoder"}
     assert rt.stream_targets["thinker"] == ("decode",)
     assert rt.required["preprocessing"] == {REQUEST_INPUT}
     assert rt.required["decode"] == frozenset()  # stream-only: starts at once
 
 
-def test_speech_route_skips_decode_and_talker_waits_for_encoder() -> None:
+def test_speech_route_skips_decode_and_talker_waits_for_preprocessing() -> None:
     rt = route(tiny_spec(), frozenset({"audio"}))
     assert "decode" not in rt.active
     assert rt.terminals == {"code2wav"}
-    assert rt.required["talker"] == {"audio_encoder"}
+    # Qwen3-Omni's talker sees the encoders only through the thinker's hidden states
+    assert rt.required["talker"] == {"preprocessing"}
     assert rt.stream_sources["talker"] == ("thinker",)
     assert rt.stream_targets["thinker"] == ("talker",)
 
@@ -113,12 +115,18 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_seeded_checkpoint_is_an_ordinary_checkpoint(checkpoint: Path) -> None:
-    for comp in ("thinker", "talker", "audio_encoder", "code2wav"):
-        assert (checkpoint / comp / "config.json").is_file()
-        assert (checkpoint / comp / "model.safetensors").is_file()
-    assert (checkpoint / "tokenizer.json").is_file()
-    saved = json.loads((checkpoint / "talker" / "config.json").read_text())
-    assert saved["speaker_id"]["ethan"] == 261
+    """What a Hugging Face download of Qwen3-Omni holds: one config, sharded safetensors with an
+    index in the published tensor layout, tokenizer and processor files."""
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(index.values())) > 1  # sharded
+    assert all((checkpoint / shard).is_file() for shard in set(index.values()))
+    assert "thinker.audio_tower.conv2d1.weight" in index  # the published names
+    assert "thinker.model.layers.0.mlp.experts.0.gate_proj.weight" in index  # per-expert
+    for name in ("config.json", "tokenizer.json", "preprocessor_config.json"):
+        assert (checkpoint / name).is_file()
+    saved = json.loads((checkpoint / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen3OmniMoeForConditionalGeneration"]
+    assert set(saved["talker_config"]["speaker_id"]) == {"chelsie", "ethan", "aiden"}
 
 
 def test_concurrent_builds_agree_on_one_directory(tmp_path: Path) -> None:
@@ -145,10 +153,30 @@ def _reference_greedy(model, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def test_step_batching_matches_unbatched_greedy_decoding(checkpoint: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3ForCausalLM checkpoint with a byte-level tokenizer: what a bare LLM download
+    (configs/models/qwen3-8b.yaml) looks like, at toy size."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from worker.models.tokenizer import build_byte_tokenizer
+
+    out = tmp_path_factory.mktemp("plain-lm")
+    config = Qwen3Config(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+        bos_token_id=257, eos_token_id=258, pad_token_id=256, initializer_range=0.3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(out)
+    build_byte_tokenizer(out)
+    return out
+
+
+def test_step_batching_matches_unbatched_greedy_decoding(plain_lm: Path) -> None:
     """Requests of different lengths joining at different steps, left-padded into one cache,
     produce exactly the tokens of running each alone without a cache."""
-    model = load_component(checkpoint, "thinker", "", "fp32", "cpu")
+    model = load_component(plain_lm, "", "", "fp32", "cpu")
     embed = model.get_input_embeddings()
     prompts = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41], "c": [100, 90, 80, 70]}
     steps = 6
@@ -181,28 +209,13 @@ def test_step_batching_matches_unbatched_greedy_decoding(checkpoint: Path) -> No
 
 
 # ---- a real checkpoint directory, stages driven in-process -----------------------------------
-def _plain_checkpoint(checkpoint: Path, dest: Path) -> Path:
-    """An ordinary HF checkpoint dir (what a downloaded Qwen3 looks like): no seed file."""
-    import shutil
-
-    dest.mkdir()
-    for f in (checkpoint / "thinker").iterdir():
-        shutil.copyfile(f, dest / f.name)
-    for f in checkpoint.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template")):
-            shutil.copyfile(f, dest / f.name)
-    return dest
-
-
-def test_plain_checkpoint_text_pipeline_matches_hf_generate(
-    checkpoint: Path, tmp_path: Path
-) -> None:
+def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta, StageContext
     from worker.stages.registry import make_executor
 
-    model_dir = _plain_checkpoint(checkpoint, tmp_path / "plain-lm")
+    model_dir = plain_lm
     spec = ModelSpec.model_validate(
         {
             "name": "plain-lm",

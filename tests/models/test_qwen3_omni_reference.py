@@ -22,7 +22,7 @@ import yaml
 from tests.worker_procs import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "configs" / "models" / "tiny-qwen3-omni.yaml"
+SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 MAX_TOKENS = 24
 PROMPT = "Say something."
 
@@ -91,7 +91,7 @@ def test_visual_chat_equals_transformers_generate(kind: str, tmp_path: Path) -> 
         worker.wait_ready(timeout=240)
         part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
         body = {
-            "model": "tiny-qwen3-omni",
+            "model": "tiny-omni",
             "messages": [{"role": "user", "content": [part, {"type": "text", "text": PROMPT}]}],
             "max_tokens": MAX_TOKENS,
         }
@@ -101,7 +101,7 @@ def test_visual_chat_equals_transformers_generate(kind: str, tmp_path: Path) -> 
     finally:
         worker.proc.terminate()
         worker.wait_exit(60)
-    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-qwen3-omni")]
+    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
     proc = OmniProcessor(checkpoint)
     media = {"type": kind, kind: pixels, "fps": 2.0}
     prepared = proc.prepare(
@@ -194,7 +194,7 @@ def _reference(checkpoint: Path, audio: np.ndarray) -> tuple[str, int, np.ndarra
     return text, len(reply), wav.reshape(-1).float().numpy()
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3-omni", "tiny-qwen3-omni-wide"])
+@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
 def test_worker_equals_transformers_generate(model: str, tmp_path: Path) -> None:
     spec = _spec_for(model, tmp_path)
     cache = tmp_path / "cache"
@@ -203,7 +203,7 @@ def test_worker_equals_transformers_generate(model: str, tmp_path: Path) -> None
     try:
         worker.wait_ready(timeout=240)
         body = {
-            "model": model.replace("tiny-qwen3-omni-wide", "tiny-qwen3-omni"),
+            "model": model.replace("tiny-omni-wide", "tiny-omni"),
             "messages": [
                 {
                     "role": "user",
@@ -229,7 +229,7 @@ def test_worker_equals_transformers_generate(model: str, tmp_path: Path) -> None
     finally:
         worker.proc.terminate()
         worker.wait_exit(60)
-    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-qwen3-omni")]
+    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
     text, n_tokens, ref_wav = _reference(checkpoint, audio)
     message = reply["choices"][0]["message"]
     assert n_tokens > 0

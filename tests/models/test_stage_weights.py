@@ -14,7 +14,7 @@ from worker.models.checkpoint import resolve_checkpoint
 from worker.models.stage_weights import load_stage_module
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "configs" / "models" / "tiny-qwen3-omni.yaml"
+SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 
 
 @pytest.fixture(scope="module")
