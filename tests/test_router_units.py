@@ -176,3 +176,54 @@ def test_metrics_use_fixed_label_vocabularies() -> None:
     text = m.render().decode()
     assert 'omni_router_requests_total{route="chat",status_class="2xx"} 1.0' in text
     assert 'omni_router_request_duration_seconds_bucket{le="0.025",route="chat"} 1.0' in text
+
+
+def test_bounded_load_counts_a_report_and_own_requests_once() -> None:
+    """The worker's report already counts this router's requests: the larger of the two, not
+    their sum, so one request in flight never looks like two."""
+    from router.policies import placement_load
+
+    busy = worker("a", 1, queue_depth={"thinker": 1})  # this router's request, also reported
+    assert placement_load(busy, "text") == 1.0
+    assert placement_load(worker("b", 0, queue_depth={"thinker": 3}), "text") == 3.0  # others'
+    # a report alone can hold a session in place or move it; on own counts only it cannot
+    hot = worker("h", 0, queue_depth={"thinker": 50})
+    pair = [hot, worker("i")]
+    assert over_bound(hot, pair, "text", 1.25)
+    assert not over_bound(hot, pair, "text", 1.25, reports=False)
+
+
+def test_client_headers_one_reader_for_http_and_websocket() -> None:
+    from router.http.headers import read_client_headers
+
+    headers = [
+        (b"connection", b"keep-alive, X-Secret"),
+        (b"x-secret", b"hop"),
+        (b"x-kept", b"end"),
+        (b"x-omni-session", b"s1"),  # an internal name as the session header: matched, dropped
+        (b"authorization", b"Bearer k"),
+        (b"content-type", b"application/json"),
+        (b"transfer-encoding", b"chunked"),
+    ]
+    h = read_client_headers(headers, b"x-omni-session", keep_auth=False)
+    assert h.session == b"s1" and h.auth == b"Bearer k"
+    assert h.content_type == b"application/json"
+    forwarded = b"".join(h.forward)
+    assert forwarded == b"x-kept: end\r\ncontent-type: application/json\r\n"
+    kept = read_client_headers(headers, b"x-session-id", keep_auth=True)
+    assert b"authorization: Bearer k\r\n" in b"".join(kept.forward) and kept.session is None
+
+
+def test_connection_cap_leaves_the_reserve() -> None:
+    from router.resources import connection_cap
+
+    assert connection_cap(0, 256, 20_000) == (20_000 - 256) // 3
+    assert connection_cap(500, 256, 20_000) == 500  # explicit wins
+    assert connection_cap(0, 256, 300) == 16  # never below a usable minimum
+
+
+def test_retry_backoff_is_full_jitter_doubling() -> None:
+    from router.app import retry_backoff
+
+    for attempt, ceiling in ((1, 0.02), (2, 0.04), (3, 0.08)):
+        assert all(0 <= retry_backoff(0.02, attempt) <= ceiling for _ in range(200))
