@@ -101,6 +101,8 @@ class Affinity:
         session's own previous request among them), so it never moves a session alone."""
         if not over_bound(worker, capable, stage_class, self.bound):
             return False
+        if worker.fresh_load() is None:
+            return True  # decided on this router's own counts: nothing stale in them
         if await worker.report_after(arrived, _REPORT_WAIT_S):
             return over_bound(worker, capable, stage_class, self.bound)
         return over_bound(worker, capable, stage_class, self.bound, reports=False)
