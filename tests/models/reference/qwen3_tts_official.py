@@ -199,9 +199,20 @@ def _capture_codes(tts) -> list:
     return captured
 
 
+def jobs(path: Path) -> None:
+    """Several builds and generations in one process (the package imports once)."""
+    for job in json.loads(path.read_text()):
+        if job["cmd"] == "build":
+            build(Path(job["config_dir"]), Path(job["out"]), int(job["seed"]))
+        else:
+            generate(Path(job["checkpoint"]), Path(job["requests"]), Path(job["out"]))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
-    if cmd == "build":
+    if cmd == "jobs":
+        jobs(Path(sys.argv[2]))
+    elif cmd == "build":
         build(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "generate":
         generate(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))

@@ -1,0 +1,104 @@
+"""Shared by the Qwen3-TTS tests: the reference venv, tiny checkpoints built by the official
+``qwen-tts`` classes, the official package's greedy output, and specs serving a checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HF = REPO / "configs" / "hf"
+OFFICIAL = REPO / "tests" / "models" / "reference" / "qwen3_tts_official.py"
+CACHE = Path(os.environ.get("OMNI_REFERENCE_CACHE", Path.home() / ".cache" / "omni-fleet"))
+SEED = 7
+
+
+def reference_python() -> Path:
+    """The reference venv's python (scripts/reference_venv.sh builds it once, ~3 min)."""
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "reference_venv.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    return Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def _digest(config_dir: Path) -> str:
+    h = hashlib.sha256(OFFICIAL.read_bytes())
+    for p in sorted(config_dir.rglob("*.json")):
+        h.update(p.relative_to(config_dir).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def run_official(jobs: list[dict], tmp: Path) -> None:
+    if not jobs:
+        return
+    path = tmp / f"jobs-{len(list(tmp.glob('jobs-*.json')))}.json"
+    path.write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run(
+        [str(reference_python()), str(OFFICIAL), "jobs", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def official_checkpoints(names: list[str], tmp: Path) -> dict[str, Path]:
+    """Tiny checkpoints written by the official classes' save_pretrained, cached by config."""
+    out, jobs = {}, []
+    for name in names:
+        cfg = HF / name
+        dst = CACHE / "reference-checkpoints" / f"{name}-{_digest(cfg)}"
+        out[name] = dst
+        if not (dst / "speech_tokenizer" / "model.safetensors").is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            jobs.append({"cmd": "build", "config_dir": str(cfg), "out": str(dst), "seed": SEED})
+    run_official(jobs, tmp)
+    return out
+
+
+def official_generate(
+    runs: dict[str, list[dict]], checkpoints: dict[str, Path], tmp: Path
+) -> dict[str, dict]:
+    """Per checkpoint name: the official package's results for its requests (one process)."""
+    jobs = []
+    for name, requests in runs.items():
+        (tmp / f"{name}.req.json").write_text(json.dumps(requests))
+        jobs.append(
+            {
+                "cmd": "generate",
+                "checkpoint": str(checkpoints[name]),
+                "requests": str(tmp / f"{name}.req.json"),
+                "out": str(tmp / f"{name}.out.npz"),
+            }
+        )
+    run_official(jobs, tmp)
+    return {name: dict(np.load(tmp / f"{name}.out.npz")) for name in runs}
+
+
+def spec_for(spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int) -> Path:
+    """The embedded spec served from ``checkpoint`` instead of its seeded tiny weights."""
+    spec = yaml.safe_load((REPO / "configs" / "models" / f"{spec_name}.yaml").read_text())
+    spec["model_dir"] = str(checkpoint)
+    spec["stages"]["tts_engine"]["engine"]["max_new_tokens"] = max_new_tokens
+    # Left context over the whole utterance: the streamed chunks join into the one-pass decode
+    # the package does (its chunked decode only splits beyond 300 frames).
+    spec["stages"]["vocoder"]["streaming"]["left_context_frames"] = 300
+    path = tmp / f"{spec_name}-{checkpoint.name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def to_int16(wav: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(np.asarray(wav, np.float64) * 32767.0), -32768, 32767).astype(np.int16)

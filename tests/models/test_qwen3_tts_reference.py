@@ -1,0 +1,209 @@
+"""Qwen3-TTS served by omni-worker equals the official ``qwen-tts`` package.
+
+Tiny checkpoints are written by the official classes (their ``save_pretrained``) in the
+reference venv (``scripts/reference_venv.sh``: transformers 4.57 + qwen-tts); the package then
+generates greedily (``do_sample=False``, ``subtalker_dosample=False``) with its own
+``Qwen3TTSModel``. omni-fleet loads the same directories with its own classes:
+
+* in process, its engine must produce exactly the package's codes for every request (all of a
+  variant's requests stepped as one batch), and the speech tokenizer's decoder the package's
+  waveform;
+* through a real worker (HTTP, stage process), ``/v1/audio/speech`` must return that waveform
+  (within one int16 step), for built-in speakers (CustomVoice) and for an uploaded voice
+  cloned on Base (speaker encoder x-vector, reference codes from the Mimi encoder, ICL prompt).
+
+Two sizes per variant (talker width and depth, text width, code-predictor projection, codec).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.models import qwen3_tts_reference as ref
+from tests.worker_procs import WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+MAX_NEW = 10  # talker steps: 9 frames (the last first code never gets its frame)
+CV = ["tiny-qwen3-tts-custom-voice", "tiny-qwen3-tts-custom-voice-wide"]
+BASE = ["tiny-qwen3-tts-base", "tiny-qwen3-tts-base-wide"]
+CV_REQUESTS = [
+    {"text": "Hello there, world.", "speaker": "vivian", "language": "English"},
+    # a dialect speaker with language auto; the instruction (the 0.6B drops it, as the package)
+    {"text": "Short one", "speaker": "eric", "language": "Auto", "instruct": "Speak slowly."},
+    {"text": "Streaming text input.", "speaker": "ryan", "language": "German",
+     "non_streaming_mode": False},
+]  # fmt: skip
+CLONE_REQUESTS = [
+    {"text": "Cloned words here.", "language": "English", "ref_text": "A reference."},
+    {"text": "Only the x vector.", "language": "Auto", "x_vector_only": True},
+    {"text": "Non streaming clone.", "language": "Chinese",
+     "ref_text": "A reference text longer than its codes are.", "non_streaming_mode": True},
+]  # fmt: skip
+
+
+def _reference_audio() -> tuple[bytes, np.ndarray]:
+    """1.3 s of a decaying tone with noise as a 24 kHz wav, and the samples the worker stores."""
+    from worker.api import audio
+
+    rate = 24_000
+    t = np.arange(int(rate * 1.3)) / rate
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * np.exp(-t) + 0.05 * noise
+    buf = io.BytesIO()
+    sf.write(buf, wav.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    data = buf.getvalue()
+    stored = audio.from_pcm16(
+        audio.to_pcm16(audio.decode_audio(data, max_seconds=60, target_rate=rate))
+    )
+    return data, stored
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("qwen3-tts-official")
+    checkpoints = ref.official_checkpoints(CV + BASE, tmp)
+    _, stored = _reference_audio()
+    np.save(tmp / "ref.npy", stored)
+    runs = {name: [dict(r, max_new_tokens=MAX_NEW) for r in CV_REQUESTS] for name in CV}
+    clone = {"ref_audio": str(tmp / "ref.npy"), "ref_sr": 24_000, "max_new_tokens": MAX_NEW}
+    runs |= {name: [dict(r, **clone) for r in CLONE_REQUESTS] for name in BASE}
+    results = ref.official_generate(runs, checkpoints, tmp)
+    return {"checkpoints": checkpoints, "results": results, "stored": stored, "tmp": tmp}
+
+
+def _ours(checkpoint: Path):
+    import torch
+    from transformers import AutoTokenizer
+
+    from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
+    from worker.models.qwen3_tts.engine import PromptBuilder, generation_defaults, load_model
+    from worker.models.qwen3_tts.weights import load_into
+
+    model = load_model(checkpoint)
+    builder = PromptBuilder(model, AutoTokenizer.from_pretrained(checkpoint))
+    cfg = json.loads((checkpoint / "speech_tokenizer" / "config.json").read_text())
+    st = SpeechTokenizer(cfg, with_encoder=True)
+    load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
+    load_into(st.encoder, checkpoint / "speech_tokenizer", prefix="encoder.", rename=mimi_name)
+    return torch, model, builder, st, generation_defaults(checkpoint)
+
+
+@pytest.mark.parametrize("name", CV)
+def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dict) -> None:
+    from worker.models.qwen3_tts.engine import generate
+
+    _, model, builder, st, defaults = _ours(official["checkpoints"][name])
+    res = official["results"][name]
+    batch = [
+        {
+            "text": r["text"],
+            "speaker": r["speaker"],
+            "language": r["language"],
+            "instruct": r.get("instruct"),
+            "non_streaming": r.get("non_streaming_mode", True),
+        }
+        for r in CV_REQUESTS
+    ]
+    codes = generate(model, builder, batch, MAX_NEW, defaults)
+    for i, c in enumerate(codes):
+        assert c.shape[0] == MAX_NEW - 1
+        np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
+        wav = st.decode(c).numpy()
+        np.testing.assert_allclose(wav, res[f"{i}.wav"], atol=1e-5, err_msg=f"request {i}")
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_voice_clone_codes_and_waveform_equal_official(name: str, official: dict) -> None:
+    from worker.models.qwen3_tts.engine import generate, speaker_embedding
+
+    torch, model, builder, st, defaults = _ours(official["checkpoints"][name])
+    res = official["results"][name]
+    wav_ref = torch.from_numpy(official["stored"])
+    spk = speaker_embedding(model, wav_ref)
+    ref_codes = st.encode(wav_ref)
+    for i, r in enumerate(CLONE_REQUESTS):
+        np.testing.assert_allclose(spk.numpy(), res[f"{i}.spk"], atol=1e-5)
+        icl = not r.get("x_vector_only")
+        if icl:
+            np.testing.assert_array_equal(ref_codes.numpy(), res[f"{i}.ref_code"])
+        kw = {
+            "text": r["text"],
+            "language": r["language"],
+            "speaker_embedding": spk,
+            "ref_text": r.get("ref_text") if icl else None,
+            "ref_codes": ref_codes if icl else None,
+            "non_streaming": r.get("non_streaming_mode", False),
+        }
+        (codes,) = generate(model, builder, [kw], MAX_NEW, defaults)
+        np.testing.assert_array_equal(codes.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
+        full = torch.cat([ref_codes, codes]) if icl else codes
+        wav = st.decode(full)
+        if icl:
+            wav = wav[ref_codes.shape[0] * 1920 :]
+        np.testing.assert_allclose(wav.numpy(), res[f"{i}.wav"], atol=1e-5, err_msg=f"req {i}")
+
+
+def _speech(worker: WorkerProcess, model: str, body: dict) -> np.ndarray:
+    body = {"model": model, "response_format": "pcm", **body}
+    r = httpx.post(worker.url + "/v1/audio/speech", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return np.frombuffer(r.content, dtype="<i2")
+
+
+def _close(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
+    want = ref.to_int16(wav)
+    assert pcm.shape == want.shape, (what, pcm.shape, want.shape)
+    assert np.abs(pcm.astype(np.int32) - want).max() <= 1, what
+
+
+@pytest.mark.parametrize("name", CV)
+def test_worker_speech_equals_official(name: str, official: dict) -> None:
+    tmp = official["tmp"]
+    spec = ref.spec_for("tiny-qwen3-tts", official["checkpoints"][name], tmp, MAX_NEW)
+    res = official["results"][name]
+    worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
+    try:
+        worker.wait_ready(timeout=300)
+        for i, r in enumerate(CV_REQUESTS[:2]):  # the API sends the text at once
+            body = {"input": r["text"], "voice": r["speaker"], "language": r["language"]}
+            if r.get("instruct"):
+                body["instructions"] = r["instruct"]
+            _close(_speech(worker, "tiny-qwen3-tts", body), res[f"{i}.wav"], f"request {i}")
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_worker_cloned_voice_equals_official(name: str, official: dict, redis_url: str) -> None:
+    tmp = official["tmp"]
+    spec = ref.spec_for("tiny-qwen3-tts-base", official["checkpoints"][name], tmp, MAX_NEW)
+    res = official["results"][name]
+    data, _ = _reference_audio()
+    worker = WorkerProcess(
+        "--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp), redis_url=redis_url
+    )
+    try:
+        worker.wait_ready(timeout=300)
+        for voice, text in (("ref-icl", CLONE_REQUESTS[0]["ref_text"]), ("ref-xvec", "")):
+            fields = {"name": voice, **({"text": text} if text else {})}
+            up = httpx.post(
+                worker.url + "/v1/audio/voices",
+                data=fields,
+                files={"file": ("ref.wav", data, "audio/wav")},
+                timeout=60,
+            )
+            assert up.status_code == 200, up.text
+        for i, voice in ((0, "ref-icl"), (1, "ref-xvec")):
+            r = CLONE_REQUESTS[i]
+            body = {"input": r["text"], "voice": voice, "language": r["language"]}
+            _close(_speech(worker, "tiny-qwen3-tts-base", body), res[f"{i}.wav"], voice)
+    finally:
+        worker.stop()
