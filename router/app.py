@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import itertools
 import logging
 import os
@@ -15,21 +14,20 @@ import random
 import signal
 import time
 
-import orjson
-
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint
 from fleet.settings import redacted_url
+from router.admin import Admin
 from router.admission import Admission
 from router.affinity import Affinity
+from router.auth import ClientAuth
 from router.classify import UNSERVED, Classified, check_session_key, classify_json, route_of
 from router.dashboard import Dashboard
 from router.discovery import Discovery
-from router.http.client import http_get
 from router.http.headers import read_client_headers
 from router.http.proxy import BODY, WAITING, Upstream
 from router.http.tunnel import Tunnel
-from router.http.wire import error_response, json_response, simple_response
+from router.http.wire import error_response
 from router.metrics import AffinityOutcome, Metrics
 from router.policies import CHOOSERS
 from router.probes import Prober
@@ -96,7 +94,6 @@ class Router:
         self.view = FleetView(settings)
         self.view.add_static(settings.worker)
         self.metrics = Metrics()
-        self.metrics.gauges = self._gauges
         per_process = -(-settings.max_in_flight // settings.processes)
         self.admission = Admission(self.view, per_process, settings.retry_after_s)
         token = settings.worker_token
@@ -105,13 +102,16 @@ class Router:
         )
         self.prober = Prober(settings, self.view, self.metrics, self.worker_token_line)
         self.dashboard = Dashboard(self)
+        self.admin = Admin(self)
+        self.metrics.gauges = self.admin.gauges
         self.discovery = (
             Discovery(settings, self.view, self.metrics) if settings.redis_url else None
         )
         self.affinity = Affinity(settings, self.discovery)
         self.choose = CHOOSERS[settings.policy]
         self.policy_name = settings.policy.value
-        self.api_keys = [k.get_secret_value().encode() for k in settings.api_key] or None
+        self.auth = ClientAuth(settings.api_key, self.metrics)
+        self.check_keys = self.auth.required  # read per request: a plain attribute
         self.session_header = settings.session_header.encode()
         self.session_from_user = settings.session_from_user
         self.rid_prefix = os.urandom(4).hex().encode() + b"-"
@@ -138,22 +138,22 @@ class Router:
             if unserved is not None:
                 client.route = "other"
                 err = OmniError(404, ErrorCode.ENDPOINT_NOT_SERVED, unserved)
-                self._fail(client, err)
+                self.fail(client, err)
                 return
             client.route = "models" if path == b"/v1/models" else "admin"
-            self._admin(client, req, path)
+            self.admin.handle(client, req, path)
             return
         endpoint, json_routed = route
         client.route = endpoint.value
         if req.method not in _METHODS[endpoint]:
-            self._fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
+            self.fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
             return
-        h = read_client_headers(req.headers, self.session_header, self.api_keys is None)
-        if self.api_keys is not None and not self._key_ok(h.auth):
-            self._unauthorized(client)
+        h = read_client_headers(req.headers, self.session_header, not self.check_keys)
+        if self.check_keys and not self.auth.accepts(h.auth):
+            self.auth.refuse(client)
             return
         if endpoint is Endpoint.REALTIME:
-            self._fail(
+            self.fail(
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
             )
             return
@@ -161,7 +161,7 @@ class Router:
             try:
                 c = classify_json(endpoint, req.body, h.content_type, self.session_from_user)
             except OmniError as exc:
-                self._fail(client, exc)
+                self.fail(client, exc)
                 return
         else:
             c = Classified(endpoint)
@@ -193,7 +193,7 @@ class Router:
             self.metrics.policy["chosen"] += 1
             self._send(client, self.choose(open_, c.stage_class, None), d)
         else:
-            self._spawn(self._dispatch_session(client, d, capable, open_))
+            self.spawn(self._dispatch_session(client, d, capable, open_))
 
     def _admit(
         self, client: ClientConnection, c: Classified, session: bytes | None
@@ -207,7 +207,7 @@ class Router:
             outcome = getattr(exc, "outcome", None)
             if outcome is not None:
                 self.metrics.policy[outcome.value] += 1
-            self._fail(client, exc)
+            self.fail(client, exc)
             return None
 
     def _rid_line(self) -> bytes:
@@ -248,7 +248,7 @@ class Router:
     def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
         conn = worker.pool.take()  # type: ignore[union-attr]
         if conn is None:
-            self._spawn(self._connect_and_send(client, worker, d))
+            self.spawn(self._connect_and_send(client, worker, d))
         else:
             self._attach(client, worker, conn, d)
 
@@ -312,7 +312,7 @@ class Router:
         if nxt is None or d.attempt >= s.max_attempts or time.monotonic() + backoff >= d.deadline:
             self.in_flight -= 1
             message = f"could not connect to a worker ({d.attempt} tried)"
-            self._fail(
+            self.fail(
                 client, OmniError(503, ErrorCode.WORKER_UNAVAILABLE, message), retry_after=True
             )
             return None
@@ -328,7 +328,7 @@ class Router:
         self.in_flight -= 1
         self.metrics.resource_errors += 1
         log.warning("router out of resources, request refused: %s", exc)
-        self._fail(
+        self.fail(
             client,
             OmniError(
                 503,
@@ -371,7 +371,7 @@ class Router:
             worker.latency += 0.2 * (elapsed - worker.latency)
             d = client.dispatch
             if d is not None and d.bind_key is not None and status >= 400:
-                self._spawn(self.affinity.unbind(d.bind_key, worker.id))
+                self.spawn(self.affinity.unbind(d.bind_key, worker.id))
         self.metrics.request(client.route, status, elapsed)
         client.finish()
 
@@ -389,7 +389,7 @@ class Router:
         else:
             err = OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
         client.upstream = None
-        self._fail(client, err, extra=client.extra_headers)
+        self.fail(client, err, extra=client.extra_headers)
 
     def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None:
         """The worker answered 503 ``draining``: it refused the request before doing anything
@@ -434,7 +434,7 @@ class Router:
         nxt = self._retry_target(d) if d.attempt < self.settings.max_attempts else None
         if nxt is None:
             self.in_flight -= 1
-            self._fail(client, err, retry_after=err.status == 503, extra=client.extra_headers)
+            self.fail(client, err, retry_after=err.status == 503, extra=client.extra_headers)
             return
         self.metrics.policy["retried"] += 1
         self._send(client, nxt, d)
@@ -462,7 +462,7 @@ class Router:
 
     # -- responses made by the router ------------------------------------------------------
 
-    def _fail(
+    def fail(
         self,
         client: ClientConnection,
         err: OmniError,
@@ -477,28 +477,6 @@ class Router:
         )
         client.respond(data, err.status)
 
-    def _key_ok(self, auth: bytes | None) -> bool:
-        if auth is None or auth[:7].lower() != b"bearer ":
-            return False
-        given = auth[7:].strip()
-        ok = False
-        for key in self.api_keys or ():
-            ok |= hmac.compare_digest(given, key)
-        return ok
-
-    def _unauthorized(self, client: ClientConnection) -> None:
-        self.metrics.error(client.route, ErrorCode.INVALID_API_KEY)
-        client.respond(
-            error_response(
-                401,
-                ErrorCode.INVALID_API_KEY,
-                "missing or invalid API key (Authorization: Bearer ...)",
-                client.keep_alive,
-                b"www-authenticate: Bearer\r\n",
-            ),
-            401,
-        )
-
     # -- WebSocket ---------------------------------------------------------------------------
 
     def start_websocket(self, client: ClientConnection, req: Request) -> None:
@@ -508,13 +486,13 @@ class Router:
         path = url.split(b"?", 1)[0]
         route = route_of(path)
         client.route = route[0].value if route else "other"
-        h = read_client_headers(req.headers, self.session_header, self.api_keys is None)
+        h = read_client_headers(req.headers, self.session_header, not self.check_keys)
         fwd = h.forward
-        if self.api_keys is not None and not self._key_ok(h.auth):
-            self._unauthorized(client)
+        if self.check_keys and not self.auth.accepts(h.auth):
+            self.auth.refuse(client)
             return
         if route is None:
-            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
+            self.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
             return
         c = Classified(route[0])
         admitted = self._admit(client, c, h.session)
@@ -528,7 +506,7 @@ class Router:
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         fwd.append(b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)
-        self._spawn(self._websocket(client, d, capable, open_))
+        self.spawn(self._websocket(client, d, capable, open_))
 
     async def _websocket(
         self,
@@ -589,148 +567,9 @@ class Router:
             return
         self.in_flight -= 1
 
-    # -- admin surface ---------------------------------------------------------------------
-
-    def _admin(self, client: ClientConnection, req: Request, path: bytes) -> None:
-        if req.method != b"GET":
-            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, "not found"))
-            return
-        if path == b"/live":
-            client.respond(json_response({"status": "live"}, keep_alive=client.keep_alive), 200)
-        elif path == b"/ready":
-            doc = self.readiness()
-            status = 200 if doc["ready"] else 503
-            client.respond(json_response(doc, status, client.keep_alive), status)
-        elif path == b"/metrics":
-            client.respond(
-                simple_response(
-                    200,
-                    self.metrics.render(),
-                    b"text/plain; version=0.0.4; charset=utf-8",
-                    client.keep_alive,
-                ),
-                200,
-            )
-        elif path in (b"/diagnostics", b"/v1/models"):
-            if self.api_keys is not None:
-                auth = next((v for n, v in req.headers if n == b"authorization"), None)
-                if not self._key_ok(auth):
-                    self._unauthorized(client)
-                    return
-            if path == b"/diagnostics":
-                client.respond(json_response(self.diagnostics(), 200, client.keep_alive), 200)
-            else:
-                self._spawn(self._models(client))
-        elif path == b"/dashboard" or path.startswith(b"/dashboard/"):
-            self.dashboard.handle(client, req, path)
-        else:
-            self._fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
-
-    def readiness(self) -> dict:
-        routable = sum(1 for w in self.view.workers.values() if w.routable)
-        redis = self._redis_state()
-        ready = routable > 0 and not self.stopping
-        detail = "" if ready else ("shutting down" if self.stopping else "no routable worker")
-        if redis == "unreachable":
-            detail = "Redis unreachable: routing on the last known fleet view"
-        return {
-            "ready": ready,
-            "routable_workers": routable,
-            "workers": len(self.view.workers),
-            "redis": redis,
-            "detail": detail,
-        }
-
-    def _redis_state(self) -> str:
-        if self.discovery is None:
-            return "disabled"
-        return "ok" if self.discovery.up else "unreachable"
-
-    def diagnostics(self) -> dict:
-        s = self.settings
-        disc = self.discovery
-        return {
-            "router": {
-                "pid": os.getpid(),
-                "policy": self.policy_name,
-                "processes": s.processes,
-                "listen": f"{s.host}:{s.port}",
-                "uptime_s": round(time.time() - self.started_at, 3),
-                "in_flight": self.in_flight,
-                "in_flight_limit": self.admission.max_in_flight,
-                "websocket_sessions": self.ws_sessions,
-                "session_header": s.session_header,
-                "affinity_bound": s.affinity_bound,
-                "api_keys": len(s.api_key),
-                "worker_token": s.worker_token is not None,
-            },
-            "redis": {
-                "state": self._redis_state(),
-                "url": None if disc is None else disc.url_for_humans,
-                "fleet": s.fleet,
-                "last_sync_age_s": None
-                if disc is None or not disc.last_sync
-                else round(time.monotonic() - disc.last_sync, 3),
-                "last_error": None if disc is None else disc.last_error,
-            },
-            "workers": [w.describe() for w in self.view.workers.values()],
-            "counts": {
-                "policy": dict(self.metrics.policy),
-                "affinity": dict(self.metrics.affinity),
-            },
-        }
-
-    async def _models(self, client: ClientConnection) -> None:
-        ids: dict[str, None] = {}
-        static = []
-        for w in self.view.workers.values():
-            if w.static:
-                static.append(w)
-            elif w.record.status.value in ("ready", "draining"):
-                ids.update(dict.fromkeys(w.record.served_models))
-        results = await asyncio.gather(
-            *(
-                http_get(
-                    w.host,
-                    w.port,
-                    "/v1/models",
-                    self.settings.probe_timeout_s,
-                    self.worker_token_line,
-                )
-                for w in static
-            ),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, tuple) and result[0] == 200:
-                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-                    for item in orjson.loads(result[1]).get("data", []):
-                        ids[str(item["id"])] = None
-        doc = {
-            "object": "list",
-            "data": [
-                {"id": i, "object": "model", "created": 0, "owned_by": "omni-fleet"} for i in ids
-            ],
-        }
-        client.respond(json_response(doc, 200, client.keep_alive), 200)
-
-    def _gauges(self) -> dict[str, float]:
-        workers = list(self.view.workers.values())
-        return {
-            "in_flight": self.in_flight,
-            "websocket_sessions": self.ws_sessions,
-            "workers": len(workers),
-            "workers_routable": sum(1 for w in workers if w.routable),
-            "workers_draining": sum(1 for w in workers if w.record.status.value == "draining"),
-            "workers_circuit_open": sum(1 for w in workers if w.health.breaker.value != "closed"),
-            "redis_up": 1 if self.discovery is not None and self.discovery.up else 0,
-            "client_connections": len(self.clients),
-            "client_connections_limit": self.max_clients,
-        }
-
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

@@ -56,21 +56,19 @@ class Dashboard:
                 200,
             )
         elif path == b"/dashboard/state":
-            if router.api_keys is not None:
-                auth = next((v for n, v in req.headers if n == b"authorization"), None)
-                if not router._key_ok(auth):
-                    router._unauthorized(client)
-                    return
+            if not router.auth.accepts_request(req.headers):
+                router.auth.refuse(client)
+                return
             query = req.url.partition(b"?")[2].decode("latin-1")
             have = set(",".join(parse_qs(query).get("have", [])).split(","))
             client.respond(json_response(self.state(have), 200, client.keep_alive), 200)
             self._refresh_affinity_soon()
         else:
-            router._fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
+            router.fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
 
     def state(self, have_plans: set[str]) -> dict:
         router = self.router
-        doc = router.diagnostics()
+        doc = router.admin.diagnostics()
         plans: dict[str, dict] = {}
         by_worker = self._affinity["by_worker"]
         for w in doc["workers"]:
