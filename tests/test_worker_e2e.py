@@ -255,8 +255,12 @@ def test_transcription(sdk_a: openai.OpenAI) -> None:
     assert again.text == out.text
 
 
-def test_voice_uploaded_on_a_used_on_b(workers, sdk_b: openai.OpenAI) -> None:
-    a, b = workers
+def test_uploaded_voices_refused_where_the_model_cannot_clone(
+    workers, sdk_b: openai.OpenAI
+) -> None:
+    """Qwen3-Omni speaks only its built-in speakers: its workers do not advertise voices, refuse
+    uploads with a clear 404, and name the voices they have (cloning is Qwen3-TTS Base's)."""
+    a, _ = workers
     up = httpx.post(
         a.url + "/v1/audio/voices",
         headers=a.headers,
@@ -264,16 +268,13 @@ def test_voice_uploaded_on_a_used_on_b(workers, sdk_b: openai.OpenAI) -> None:
         data={"name": "narrator"},
         files={"file": ("n.wav", wav_bytes(1.0, freq=220))},
     )
-    assert up.status_code == 200, up.text
-    listed = httpx.get(b.url + "/v1/audio/voices", headers=b.headers, timeout=10).json()["data"]
-    assert "narrator" in [v["name"] for v in listed if not v["builtin"]]
-    cloned = sdk_b.audio.speech.create(
-        model=MODEL, input="Cloned voice.", voice="narrator", response_format="wav"
-    ).content
-    assert cloned[:4] == b"RIFF" and len(cloned) > 44
+    assert up.status_code == 404 and "takes no uploaded voices" in up.json()["error"]["message"]
+    models = httpx.get(a.url + "/v1/models", headers=a.headers, timeout=10).json()["data"]
+    assert all("voices" not in m.get("capabilities", {}).get("endpoints", []) for m in models)
     with pytest.raises(openai.NotFoundError) as err:
         sdk_b.audio.speech.create(model=MODEL, input="x", voice="nobody")
     assert err.value.body["code"] == "voice_not_found"
+    assert "ethan" in err.value.body["message"]
 
 
 def test_determinism_across_workers(workers, sdk_a: openai.OpenAI, sdk_b: openai.OpenAI) -> None:

@@ -25,11 +25,21 @@ _LATENCY_WINDOW_S = 30.0
 _LATENCY_SAMPLES = 64
 
 
+# The endpoints this worker has routes for. A spec may list more (Qwen3-Omni's lists realtime);
+# advertising those would send clients to a worker that answers 404.
+SERVED_ENDPOINTS = ("chat", "speech", "transcription", "voices")
+
+
 def capabilities_of(spec: ModelSpec) -> Capabilities:
     c = spec.capabilities
+    missing = [e for e in c.endpoints if e not in SERVED_ENDPOINTS]
+    if missing:
+        log.warning(
+            "spec %s lists endpoints this worker does not serve yet: %s", spec.name, missing
+        )
     return Capabilities.model_validate(
         {
-            "endpoints": c.endpoints,
+            "endpoints": [e for e in c.endpoints if e in SERVED_ENDPOINTS],
             "input_modalities": c.input_modalities,
             "output_modalities": c.output_modalities,
             "streaming": True,

@@ -13,7 +13,15 @@ router = APIRouter()
 
 
 def _model(service, name: str) -> dict:
-    return {"id": name, "object": "model", "created": service.created, "owned_by": "omni-fleet"}
+    """OpenAI's model object, plus what this worker serves for it (the SDK ignores extras)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": service.created,
+        "owned_by": "omni-fleet",
+        "capabilities": service.capabilities.model_dump(mode="json"),
+        "voices": service.engine.speakers(),
+    }
 
 
 @router.get("/v1/models")

@@ -90,6 +90,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     _calibrate_code2wav(model.code2wav)
+    _printable_thinker(model.thinker.lm_head, config.im_end_token_id)
     # Small shards: the tiny checkpoint goes through the index like a 35 B one does.
     model.save_pretrained(out, max_shard_size="1MB")
     build_tokenizer(out)
@@ -100,6 +101,21 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
             and not (out / extra.name).exists()
         ):
             shutil.copyfile(extra, out / extra.name)
+
+
+def _printable_thinker(lm_head, end_of_turn: int) -> None:
+    """A random thinker babbles bytes that form no UTF-8 and ids no tokenizer knows; zero the
+    output rows of everything but printable ASCII and newline (end-of-turn at half weight), so
+    the toy model writes readable (meaningless) text that streams in many deltas."""
+    import torch
+
+    keep = torch.zeros(lm_head.weight.shape[0], dtype=torch.bool)
+    keep[32:127] = True
+    keep[10] = True
+    with torch.no_grad():
+        end = lm_head.weight[end_of_turn].clone()
+        lm_head.weight[~keep] = 0.0
+        lm_head.weight[end_of_turn] = 0.5 * end  # replies end now and then, not at once
 
 
 def _calibrate_code2wav(code2wav) -> None:
