@@ -77,7 +77,13 @@ class Admission:
             with_endpoint = [w for w in serving if c.endpoint in w.endpoints]
             capable = [w for w in with_endpoint if _modalities_ok(w, c)]
             if not with_endpoint:
-                reason = f"no worker serves endpoint {c.endpoint.value!r}" + _for_model(c)
+                # not a passing state: no registered worker of any status offers it
+                return _rejected(
+                    404,
+                    ErrorCode.ENDPOINT_NOT_SERVED,
+                    f"no worker serves endpoint {c.endpoint.value!r}" + _for_model(c),
+                    PolicyOutcome.NO_ELIGIBLE,
+                )
             elif not capable:
                 reason = "no worker supports the requested modalities or stream mode" + _for_model(
                     c
