@@ -106,6 +106,9 @@ class VoiceRecord(BaseModel):
     format: str = ""
     owner: str = ""  # fleet.api_keys.api_key_id of the uploader's API key; "" without keys
     seconds: float | None = None
+    # what is said in the audio (optional): Qwen3-TTS Base then clones from the reference codes
+    # as well as the speaker embedding
+    transcript: str = ""
 
 
 PCM16_24K = "pcm16le-mono-24000"  # VoiceRecord.format of voices stored in the model's form

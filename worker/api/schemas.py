@@ -89,15 +89,41 @@ class ChatRequest(_Sampling):
     logprobs: Literal[False] | None = None
 
 
+SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input
+
+SpeechFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac"]
+
+
 class SpeechRequest(Body):
     model: str
-    input: str = Field(min_length=1, max_length=4096)
+    input: str = Field(min_length=1, max_length=SPEECH_INPUT_CHARS)
     voice: str = Field(min_length=1)
-    response_format: Literal["wav", "pcm"] = "wav"
-    speed: float = Field(1.0, ge=1.0, le=1.0, description="only 1.0 is supported")
-    instructions: str | None = None
+    response_format: SpeechFormat = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="tempo; the pitch stays")
+    instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
+    language: str | None = Field(None, max_length=32, description="Qwen3-TTS: a language name")
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool = False
+
+
+class SpeechItem(Body):
+    input: str = Field(min_length=1, max_length=SPEECH_INPUT_CHARS)
+    voice: str | None = Field(None, min_length=1)
+    instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
+    language: str | None = Field(None, max_length=32)
+
+
+class SpeechBatchRequest(Body):
+    """Several texts in one request, generated together (``POST /v1/audio/speech/batch``);
+    an item's ``voice``/``instructions``/``language`` default to the request's."""
+
+    model: str
+    inputs: list[SpeechItem] = Field(min_length=1, max_length=64)
+    voice: str | None = Field(None, min_length=1)
+    instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
+    language: str | None = Field(None, max_length=32)
+    response_format: SpeechFormat = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
 
 
 class TranscriptionForm(Body):

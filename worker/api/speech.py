@@ -1,6 +1,11 @@
-"""POST /v1/audio/speech: text to speech as a whole wav/pcm file, or streamed while the
-vocoder produces it (``stream_format: "audio"`` or ``stream: true``: chunked transfer;
-``stream_format: "sse"``: ``speech.audio.delta`` events)."""
+"""POST /v1/audio/speech: text to speech as a whole file (wav, pcm, mp3, flac, opus, aac), or
+streamed while the vocoder produces it (``stream_format: "audio"`` or ``stream: true``: chunked
+transfer, encoded incrementally; ``stream_format: "sse"``: ``speech.audio.delta`` events of
+pcm16). ``speed`` is applied as a tempo change (pitch kept); ``instructions`` and ``language``
+reach models that take them (Qwen3-TTS).
+
+POST /v1/audio/speech/batch: several inputs in one request, generated together by the engine
+(their talker steps run as one batch); the answer lists each input's audio, base64-encoded."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from fastapi.responses import Response
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
-from worker.api import audio
+from worker.api import audio, speech_formats
 from worker.api.common import (
     TrackedStream,
     closed_response,
@@ -24,50 +29,103 @@ from worker.api.common import (
 )
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
-from worker.api.schemas import SpeechRequest
-from worker.api.voices import resolve_voice
+from worker.api.schemas import SpeechBatchRequest, SpeechRequest
+from worker.api.voices import resolve_voice, voice_transcript
 from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
 from worker.service import Ticket, WorkerService
 
 router = APIRouter()
 
 
+def _model_type(service: WorkerService) -> str | None:
+    """The served checkpoint's ``model_type`` (read once)."""
+    if not hasattr(service, "_speech_model_type"):
+        import json
+
+        from planner.spec import resolve_model_dir
+
+        found = None
+        spec_path = getattr(service.engine, "spec_path", None)
+        if spec_path is not None:
+            try:
+                cfg = resolve_model_dir(service.spec, spec_path) / "config.json"
+                found = json.loads(cfg.read_text()).get("model_type")
+            except (OSError, ValueError):
+                found = None
+        service._speech_model_type = found  # type: ignore[attr-defined]
+    return service._speech_model_type  # type: ignore[attr-defined]
+
+
+async def _generation(
+    service: WorkerService,
+    text: str,
+    voice_name: str,
+    instructions: str | None,
+    language: str | None,
+    param: str = "voice",
+) -> GenerationRequest:
+    qwen3_tts = _model_type(service) == "qwen3_tts"
+    rate = VOICE_RATE_QWEN3_TTS if qwen3_tts else None
+    voice, voice_audio = await resolve_voice(service, voice_name, param, rate=rate)
+    messages: list[dict] = []
+    if qwen3_tts:
+        opts: dict = {"role": "tts_options"}
+        if instructions:
+            opts["instructions"] = instructions
+        if language:
+            opts["language"] = language
+        if voice_audio is not None:
+            opts["ref_text"] = await voice_transcript(service, voice)
+        messages.append(opts)
+    return GenerationRequest(
+        request_id=new_id("speech"),
+        kind=RequestKind.SPEECH,
+        text=text,
+        messages=messages,
+        output_audio=True,
+        voice=voice,
+        voice_audio=voice_audio,
+    )
+
+
+VOICE_RATE_QWEN3_TTS = 24_000  # Hz: Qwen3-TTS clones from 24 kHz reference audio
+
+
+def _check(service: WorkerService, model: str | None) -> str:
+    model = service.check_model(model)
+    if Endpoint.SPEECH not in service.capabilities.endpoints:
+        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve speech")
+    return model
+
+
 @router.post("/v1/audio/speech")
 async def speech(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request, SpeechRequest)
-    model = service.check_model(body.model)
-    if Endpoint.SPEECH not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve speech")
+    _check(service, body.model)
+    if not body.input.strip():
+        raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", "input")
     session = session_of(request)
     ticket = service.admit(session)
     try:
-        voice, voice_audio = await resolve_voice(service, body.voice, "voice")
+        gen = await _generation(service, body.input, body.voice, body.instructions, body.language)
     except BaseException:
         ticket.release()
         raise
-    gen = GenerationRequest(
-        request_id=new_id("speech"),
-        kind=RequestKind.SPEECH,
-        text=body.input,
-        output_audio=True,
-        voice=voice,
-        voice_audio=voice_audio,
-        session_id=session,
-    )
+    gen.session_id = session
     fmt = body.response_format
     if body.stream_format == "sse":
         return TrackedStream(
-            _sse_stream(service, gen, ticket),
+            _sse_stream(service, gen, ticket, body.speed),
             ticket,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     if body.stream or body.stream_format == "audio":
         return TrackedStream(
-            _audio_stream(service, gen, ticket, fmt),
+            _audio_stream(service, gen, ticket, fmt, body.speed),
             ticket,
-            media_type=audio.media_type(fmt),
+            media_type=speech_formats.media_type(fmt),
             headers={"X-Accel-Buffering": "no"},
         )
     try:
@@ -76,11 +134,83 @@ async def speech(request: Request) -> Response:
         ticket.release()
     if result is None:
         return closed_response()
-    return Response(audio.encode(bytes(result.pcm16), fmt), media_type=audio.media_type(fmt))
+    return Response(
+        _whole(bytes(result.pcm16), fmt, body.speed), media_type=speech_formats.media_type(fmt)
+    )
 
 
-async def _audio_stream(service: WorkerService, gen: GenerationRequest, ticket: Ticket, fmt: str):
+def _whole(pcm16: bytes, fmt: str, speed: float) -> bytes:
+    out = speech_formats.Output(fmt if fmt not in ("wav", "pcm") else "pcm", speed)
+    data = out.feed(pcm16) + out.close()
+    return audio.encode(data, fmt) if fmt in ("wav", "pcm") else data
+
+
+@router.post("/v1/audio/speech/batch")
+async def speech_batch(request: Request) -> Response:
+    import asyncio
+
+    service = service_of(request)
+    body = await read_json(request, SpeechBatchRequest)
+    _check(service, body.model)
+    gens = []
+    for i, item in enumerate(body.inputs):
+        if not item.input.strip():
+            raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", f"inputs.{i}.input")
+        voice = item.voice or body.voice
+        if voice is None:
+            raise OmniError(
+                400, ErrorCode.INVALID_REQUEST, "no voice (per input or for the batch)",
+                f"inputs.{i}.voice",
+            )  # fmt: skip
+        gens.append(
+            await _generation(
+                service,
+                item.input,
+                voice,
+                item.instructions or body.instructions,
+                item.language or body.language,
+                param=f"inputs.{i}.voice",
+            )
+        )
+    session = session_of(request)
+    tickets = []
+    try:
+        for gen in gens:
+            gen.session_id = session
+            tickets.append(service.admit(session))
+    except BaseException:
+        for t in tickets:
+            t.release()
+        raise
+    try:
+        results = await until_disconnect(
+            request,
+            asyncio.gather(*(collect(service, g, t) for g, t in zip(gens, tickets, strict=True))),
+        )
+    finally:
+        for t in tickets:
+            t.release()
+    if results is None:
+        return closed_response()
+    fmt = body.response_format
+    data = [
+        {
+            "object": "speech",
+            "index": i,
+            "format": fmt,
+            "audio": base64.b64encode(_whole(bytes(r.pcm16), fmt, body.speed)).decode(),
+            "seconds": round(audio.pcm16_seconds(bytes(r.pcm16)) / body.speed, 3),
+        }
+        for i, r in enumerate(results)
+    ]
+    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+
+async def _audio_stream(
+    service: WorkerService, gen: GenerationRequest, ticket: Ticket, fmt: str, speed: float
+):
     done = False
+    out = speech_formats.Output("pcm" if fmt in ("wav", "pcm") else fmt, speed)
     try:
         if fmt == "wav":
             yield audio.wav_header(None)
@@ -89,7 +219,12 @@ async def _audio_stream(service: WorkerService, gen: GenerationRequest, ticket: 
                 if isinstance(event, AudioChunk) and event.pcm16:
                     ticket.audio()
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
-                    yield event.pcm16
+                    data = out.feed(event.pcm16)
+                    if data:
+                        yield data
+        tail = out.close()
+        if tail:
+            yield tail
         done = True
     finally:
         if not done:
@@ -98,20 +233,30 @@ async def _audio_stream(service: WorkerService, gen: GenerationRequest, ticket: 
     # client sees a truncated transfer instead of a short file that looks complete.
 
 
-async def _sse_stream(service: WorkerService, gen: GenerationRequest, ticket: Ticket):
+async def _sse_stream(service: WorkerService, gen: GenerationRequest, ticket: Ticket, speed: float):
     done = False
     finished = Finished("stop")
+    out = speech_formats.Output("pcm", speed)
     try:
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk) and event.pcm16:
                     ticket.audio()
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
-                    data = base64.b64encode(event.pcm16).decode()
-                    yield b"data: " + orjson.dumps({"type": "speech.audio.delta", "audio": data})
-                    yield b"\n\n"
+                    pcm = out.feed(event.pcm16)
+                    if pcm:
+                        data = base64.b64encode(pcm).decode()
+                        yield b"data: " + orjson.dumps(
+                            {"type": "speech.audio.delta", "audio": data}
+                        )
+                        yield b"\n\n"
                 elif isinstance(event, Finished):
                     finished = event
+        tail = out.close()
+        if tail:
+            data = base64.b64encode(tail).decode()
+            yield b"data: " + orjson.dumps({"type": "speech.audio.delta", "audio": data})
+            yield b"\n\n"
         usage = {
             "input_tokens": finished.prompt_tokens,
             "output_tokens": finished.completion_tokens,

@@ -29,6 +29,8 @@ router = APIRouter()
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole name: use fullmatch
 VOICE_STORED_RATE = AUDIO_OUTPUT_RATE  # Hz: the codec's rate, what speaker encoders take
 VOICE_REFERENCE_RATE = AUDIO_INPUT_RATE  # Hz: the rate GenerationRequest.voice_audio has
+SILENCE = 1e-4  # peak below this (float, full scale 1.0): a silent reference, refused
+MAX_TRANSCRIPT_CHARS = 2048
 _MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
 
 
@@ -43,9 +45,11 @@ def voice_not_found(name: str, builtin: list[str], param: str) -> OmniError:
 
 
 async def resolve_voice(
-    service: WorkerService, name: str, param: str
+    service: WorkerService, name: str, param: str, rate: int | None = None
 ) -> tuple[str, np.ndarray | None]:
-    """A built-in speaker, or an uploaded voice's reference audio fetched from the store."""
+    """A built-in speaker, or an uploaded voice's reference audio fetched from the store, at
+    ``rate`` (default: the rate the engine takes reference audio at)."""
+    rate = rate or VOICE_REFERENCE_RATE
     builtin = service.engine.speakers()
     if name in builtin:
         return name, None
@@ -55,19 +59,28 @@ async def resolve_voice(
     record, data = found
     if record.format == PCM16_24K:
         loop = asyncio.get_running_loop()
-        return name, await loop.run_in_executor(None, reference_audio, data)
+        return name, await loop.run_in_executor(None, reference_audio, data, rate)
     # stored as uploaded (before voices were converted on upload)
     return name, await audio.decode_audio_async(
         data,
         max_seconds=service.settings.max_audio_seconds,
         param=param,
-        target_rate=VOICE_REFERENCE_RATE,
+        target_rate=rate,
     )
 
 
-def reference_audio(pcm16: bytes) -> np.ndarray:
-    """A stored voice -> float32 at the rate the engine takes reference audio."""
-    return audio.resample(audio.from_pcm16(pcm16), VOICE_STORED_RATE, VOICE_REFERENCE_RATE)
+async def voice_transcript(service: WorkerService, name: str) -> str:
+    """What an uploaded voice says ("" when the uploader gave no transcript)."""
+    found = await service.get_voice(name)
+    return found[0].transcript if found is not None else ""
+
+
+def reference_audio(pcm16: bytes, rate: int = VOICE_REFERENCE_RATE) -> np.ndarray:
+    """A stored voice -> float32 at ``rate``."""
+    samples = audio.from_pcm16(pcm16)
+    return (
+        samples if rate == VOICE_STORED_RATE else audio.resample(samples, VOICE_STORED_RATE, rate)
+    )
 
 
 def _voice_json(record: VoiceRecord) -> dict:
@@ -154,6 +167,17 @@ async def upload_voice(request: Request) -> dict:
         param="file",
         target_rate=VOICE_STORED_RATE,
     )
+    if samples.size and float(np.abs(samples).max()) < SILENCE:
+        raise audio.invalid_audio("the voice's audio is silent: nothing to clone", "file")
+    transcript = form.get("text") or form.get("transcript") or ""
+    if not isinstance(transcript, str) or len(transcript) > MAX_TRANSCRIPT_CHARS:
+        raise OmniError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            f"field 'text' (what the voice says) must be text of at most {MAX_TRANSCRIPT_CHARS} "
+            "characters",
+            "text",
+        )
     pcm16 = audio.to_pcm16(samples)
     record = VoiceRecord(
         name=name,
@@ -164,6 +188,7 @@ async def upload_voice(request: Request) -> dict:
         format=PCM16_24K,
         owner=request.headers.get(API_KEY_ID_HEADER, ""),
         seconds=round(samples.size / VOICE_STORED_RATE, 3),
+        transcript=transcript.strip(),
     )
     try:
         await service.put_voice(record, pcm16)

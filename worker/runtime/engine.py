@@ -520,7 +520,9 @@ def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
         except (OSError, ValueError):
             continue
         # Qwen3-Omni keeps its speakers in the talker's nested config
-        speakers = cfg.get("speaker_id") or (cfg.get("talker_config") or {}).get("speaker_id")
+        talker = cfg.get("talker_config") or {}
+        # Qwen3-TTS CustomVoice names them ``spk_id``
+        speakers = cfg.get("speaker_id") or talker.get("speaker_id") or talker.get("spk_id")
         for name in speakers or {}:
             if name not in names:
                 names.append(name)

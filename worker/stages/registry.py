@@ -45,4 +45,8 @@ def _family(ctx: StageContext):
         from worker.models import qwen3_omni
 
         return qwen3_omni
+    if model_type == "qwen3_tts":
+        from worker.models import qwen3_tts
+
+        return qwen3_tts
     return None

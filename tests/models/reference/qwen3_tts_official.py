@@ -199,10 +199,36 @@ def _capture_codes(tts) -> list:
     return captured
 
 
+def bench(checkpoint: Path, n: int, max_new_tokens: int, out: Path) -> None:
+    """The package's own speed: ``n`` requests one at a time (what it offers: no server, no
+    batching across callers), after one warm-up request."""
+    import time
+
+    from qwen_tts import Qwen3TTSModel
+
+    _register()
+    tts = Qwen3TTSModel.from_pretrained(str(checkpoint), dtype=torch.float32, device_map="cpu")
+    speakers = sorted(tts.model.get_supported_speakers())
+    kw = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=max_new_tokens)
+    tts.generate_custom_voice(text="warm up", speaker=speakers[0], language="Auto", **kw)
+    t0 = time.perf_counter()
+    seconds = 0.0
+    for i in range(n):
+        wavs, sr = tts.generate_custom_voice(
+            text=f"Request number {i} of the benchmark.", speaker=speakers[i % len(speakers)],
+            language="English", **kw,
+        )  # fmt: skip
+        seconds += len(wavs[0]) / sr
+    wall = time.perf_counter() - t0
+    out.write_text(json.dumps({"requests": n, "audio_seconds": seconds, "wall_seconds": wall}))
+
+
 def jobs(path: Path) -> None:
     """Several builds and generations in one process (the package imports once)."""
     for job in json.loads(path.read_text()):
-        if job["cmd"] == "build":
+        if job["cmd"] == "bench":
+            bench(Path(job["checkpoint"]), job["n"], job["max_new_tokens"], Path(job["out"]))
+        elif job["cmd"] == "build":
             build(Path(job["config_dir"]), Path(job["out"]), int(job["seed"]))
         else:
             generate(Path(job["checkpoint"]), Path(job["requests"]), Path(job["out"]))

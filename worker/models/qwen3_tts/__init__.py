@@ -8,3 +8,22 @@ batched greedy steps; the stage executors live in ``stages``.
 from __future__ import annotations
 
 MODEL_TYPE = "qwen3_tts"
+
+from planner.spec import Executor  # noqa: E402
+from worker.stages.base import StageContext, StageExecutor  # noqa: E402
+
+
+def make_executor(ctx: StageContext) -> StageExecutor:
+    kind = ctx.stage.executor
+    if kind == Executor.PREPROCESS:
+        from worker.models.qwen3_tts.stages import TTSPreprocess as cls
+    elif kind == Executor.AUTOREGRESSIVE:
+        from worker.models.qwen3_tts.stages import TTSEngineExecutor as cls
+    elif kind == Executor.VOCODER:
+        from worker.models.qwen3_tts.stages import TTSVocoderExecutor as cls
+    else:
+        raise ValueError(
+            f"stage {ctx.name}: Qwen3-TTS has no stage for executor {kind}; its stages are "
+            "preprocess, autoregressive (the talker) and vocoder (the speech tokenizer's decoder)"
+        )
+    return cls(ctx)

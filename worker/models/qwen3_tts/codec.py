@@ -260,10 +260,12 @@ class SpeechTokenizer(nn.Module):
     """The root of ``speech_tokenizer/model.safetensors``: ``decoder`` and (optionally)
     ``encoder`` (Mimi)."""
 
-    def __init__(self, config: dict[str, Any], with_encoder: bool) -> None:
+    def __init__(
+        self, config: dict[str, Any], with_encoder: bool, with_decoder: bool = True
+    ) -> None:
         super().__init__()
         self.config = config
-        self.decoder = SpeechDecoder(config["decoder_config"])
+        self.decoder = SpeechDecoder(config["decoder_config"]) if with_decoder else None
         self.encoder = _mimi_encoder(config["encoder_config"]) if with_encoder else None
         self.valid_quantizers = int(config.get("encoder_valid_num_quantizers", 16))
         self.downsample = int(config.get("encode_downsample_rate", 1920))

@@ -1,0 +1,128 @@
+"""Qwen3-TTS: omni-worker vs the official ``qwen-tts`` package on the same tiny checkpoint.
+
+    python bench/bench_tts.py [--requests 16] [--max-new-tokens 48] [--concurrency 8]
+
+The checkpoint is the tiny CustomVoice one written by the official classes (the equality
+tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing). The package
+runs its requests one at a time (it is a library: one ``generate_custom_voice`` call per
+caller); the worker serves the same requests over HTTP at ``--concurrency``. Both produce the
+same number of frames per request (greedy, no end-of-speech on random weights). Reported:
+audio seconds per wall second for each, their ratio, and the worker's time to the first audio
+packet (streamed pcm) at concurrency 1. Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.models import qwen3_tts_reference as ref  # noqa: E402
+from tests.worker_procs import WorkerProcess  # noqa: E402
+
+NAME = "tiny-qwen3-tts-custom-voice"
+
+
+async def _one(client: httpx.AsyncClient, url: str, i: int) -> float:
+    body = {
+        "model": "tiny-qwen3-tts",
+        "input": f"Request number {i} of the benchmark.",
+        "voice": ["eric", "ryan", "vivian"][i % 3],
+        "language": "English",
+        "response_format": "pcm",
+    }
+    r = await client.post(url + "/v1/audio/speech", json=body, timeout=600)
+    r.raise_for_status()
+    return len(r.content) / 2 / 24_000
+
+
+async def _throughput(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient() as client:
+
+        async def run(i: int) -> float:
+            async with sem:
+                return await _one(client, url, i)
+
+        await _one(client, url, 999)  # warm-up
+        t0 = time.perf_counter()
+        seconds = sum(await asyncio.gather(*(run(i) for i in range(n))))
+        return seconds, time.perf_counter() - t0
+
+
+def _first_packet(url: str, tries: int = 5) -> list[float]:
+    out = []
+    for i in range(tries):
+        body = {"model": "tiny-qwen3-tts", "input": f"first packet {i}", "voice": "vivian",
+                "response_format": "pcm", "stream": True}  # fmt: skip
+        t0 = time.perf_counter()
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
+            for chunk in r.iter_bytes():
+                if chunk:
+                    out.append(time.perf_counter() - t0)
+                    break
+            for _ in r.iter_bytes():
+                pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--concurrency", type=int, default=8)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-tts-"))
+    checkpoint = ref.official_checkpoints([NAME], tmp)[NAME]
+
+    ref.run_official(
+        [{"cmd": "bench", "checkpoint": str(checkpoint), "n": args.requests,
+          "max_new_tokens": args.max_new_tokens, "out": str(tmp / "official.json")}],
+        tmp,
+    )  # fmt: skip
+    official = json.loads((tmp / "official.json").read_text())
+
+    spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, args.max_new_tokens)
+    # the shipped streaming settings (25 frames of left context), not the tests' 300
+    text = spec.read_text().replace("left_context_frames: 300", "left_context_frames: 25")
+    spec.write_text(text)
+    worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
+    try:
+        worker.wait_ready(timeout=300)
+        first = _first_packet(worker.url)
+        seconds1, wall1 = asyncio.run(_throughput(worker.url, args.requests, 1))
+        seconds, wall = asyncio.run(_throughput(worker.url, args.requests, args.concurrency))
+    finally:
+        worker.stop()
+    ours1 = seconds1 / wall1
+    ours = seconds / wall
+    theirs = official["audio_seconds"] / official["wall_seconds"]
+    result = {
+        "requests": args.requests,
+        "frames_per_request": args.max_new_tokens - 1,
+        "official_audio_s_per_s": round(theirs, 3),
+        "worker_c1_audio_s_per_s": round(ours1, 3),
+        f"worker_c{args.concurrency}_audio_s_per_s": round(ours, 3),
+        "speedup": round(ours / theirs, 2),
+        "first_packet_ms_median": round(1000 * statistics.median(first), 1),
+    }
+    print(f"{'':34}audio s / wall s")
+    print(f"{'qwen-tts, one at a time':34}{theirs:8.3f}")
+    print(f"{'omni-worker, concurrency 1':34}{ours1:8.3f}")
+    print(f"{f'omni-worker, concurrency {args.concurrency}':34}{ours:8.3f}  ({ours / theirs:.1f}x)")
+    print(f"first audio packet (streamed, c=1): {result['first_packet_ms_median']} ms median")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

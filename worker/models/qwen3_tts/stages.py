@@ -1,0 +1,410 @@
+"""Qwen3-TTS's three stages: preprocessing (CPU) -> tts_engine (talker) => vocoder.
+
+* ``preprocessing`` checks the request against the checkpoint (speaker, language, text) and,
+  for a cloned voice on a Base checkpoint, turns its reference audio into what the model takes:
+  the 24 kHz waveform (for the speaker encoder) and, with a reference transcript, the reference
+  codes from the speech tokenizer's encoder (component ``speech_tokenizer`` / ``encoder``).
+* ``tts_engine`` (component: the root model, talker + speaker encoder) builds each talker prompt
+  and steps all running requests together, one frame each per step, streaming every frame on.
+* ``vocoder`` (``speech_tokenizer`` / ``decoder``) decodes frames in chunks that ramp up
+  (1, 2, 4, ... frames up to ``chunk_frames``: the first audio needs one talker step), each
+  with up to ``left_context_frames`` earlier frames as context, as the model's chunked decode.
+
+Speech options travel in the request's ``messages`` as one ``{"role": "tts_options", ...}``
+entry (language, instructions, reference text).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from worker.stages.base import (
+    CHUNK,
+    DONE,
+    END,
+    FINAL,
+    INVALID,
+    OUT,
+    Output,
+    RequestMeta,
+    StageExecutor,
+)
+
+OPTIONS_ROLE = "tts_options"
+VOICE_RATE = 24_000  # Hz: the rate of reference audio handed to the stages
+
+
+def speech_options(messages: list[dict[str, Any]] | None) -> dict[str, Any]:
+    for m in messages or []:
+        if m.get("role") == OPTIONS_ROLE:
+            return dict(m)
+    return {}
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[str(name)]
+
+
+class TTSPreprocess(StageExecutor):
+    def load(self) -> None:
+        import torch
+
+        from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
+        from worker.models.qwen3_tts.weights import load_into
+
+        self.torch = torch
+        self.config = json.loads((self.ctx.checkpoint / "config.json").read_text())
+        self.tc = self.config["talker_config"]
+        self.pending: list[tuple[str, dict[str, Any]]] = []
+        self.encoder = None
+        comp = self.ctx.stage.component
+        if comp is not None and comp.module == "encoder":
+            st_dir = self.ctx.checkpoint / comp.config_dir
+            cfg = json.loads((st_dir / "config.json").read_text())
+            st = SpeechTokenizer(cfg, with_encoder=True, with_decoder=False)
+            load_into(
+                st.encoder,
+                st_dir,
+                prefix="encoder.",
+                device=self.ctx.device,
+                dtype=_dtype(self.ctx.stage.dtype),
+                component=comp,
+                rename=mimi_name,
+            )
+            self.encoder = st.eval()
+
+    def warmup(self) -> None:
+        if self.encoder is not None:
+            self.encoder.encode(self.torch.zeros(1920))
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.pending.append((rid, inputs["request"]))
+
+    def abort(self, rid: str) -> None:
+        self.pending = [p for p in self.pending if p[0] != rid]
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if self.pending else None
+
+    def queue_depth(self) -> int:
+        return len(self.pending)
+
+    def step(self) -> list[Output]:
+        rid, req = self.pending.pop(0)
+        try:
+            return [(FINAL, rid, self._prepare(req))]
+        except ValueError as exc:
+            return [(INVALID, rid, str(exc))]
+
+    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("kind") != "speech":
+            raise ValueError("this model only speaks: send text to /v1/audio/speech")
+        text = req.get("text") or ""
+        if not text.strip():
+            raise ValueError("input text is empty")
+        opts = speech_options(req.get("messages"))
+        lang = str(opts.get("language") or "auto").lower()
+        langs = self.tc.get("codec_language_id") or {}
+        if lang != "auto" and (lang not in langs or "dialect" in lang):
+            known = ["auto", *sorted(k for k in langs if "dialect" not in k)]
+            raise ValueError(f"unknown language {opts.get('language')!r}; known: {known}")
+        out: dict[str, Any] = {"text": text, "language": lang}
+        if opts.get("instructions"):
+            out["instruct"] = str(opts["instructions"])
+        wav = req.get("voice_audio")
+        spk = {k.lower() for k in (self.tc.get("spk_id") or {})}
+        voice = (req.get("voice") or "").lower()
+        if wav is None:
+            if self.config.get("tts_model_type") == "base":
+                raise ValueError(
+                    "this Base checkpoint has no built-in voices: upload a reference voice "
+                    "(POST /v1/audio/voices) and name it"
+                )
+            if voice not in spk:
+                raise ValueError(f"unknown voice {req.get('voice')!r}; built in: {sorted(spk)}")
+            out["speaker"] = voice
+            return out
+        if self.config.get("tts_model_type") != "base":
+            raise ValueError(
+                "uploaded voices need a Base checkpoint (voice cloning); this one has the "
+                f"built-in voices {sorted(spk)}"
+            )
+        wav = np.asarray(wav, dtype=np.float32)
+        if wav.size < VOICE_RATE // 10:
+            raise ValueError("the voice's reference audio is shorter than 0.1 s")
+        if not np.isfinite(wav).all() or float(np.abs(wav).max()) < 1e-4:
+            raise ValueError("the voice's reference audio is silent")
+        out["ref_wav"] = wav
+        ref_text = (opts.get("ref_text") or "").strip()
+        if ref_text and self.encoder is not None:
+            out["ref_text"] = ref_text
+            codes = self.encoder.encode(self.torch.from_numpy(wav).to(self.ctx.device))
+            out["ref_codes"] = codes.cpu().numpy().astype(np.int64)
+        return out
+
+
+@dataclass
+class _Req:
+    rid: str
+    meta: RequestMeta
+    payload: dict[str, Any]
+    engine_req: Any = None
+    prompt_tokens: int = 0
+    frames: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class TTSEngineExecutor(StageExecutor):
+    def load(self) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from worker.models.qwen3_tts.engine import (
+            PromptBuilder,
+            TalkerEngine,
+            generation_defaults,
+            read_config,
+        )
+        from worker.models.qwen3_tts.modeling import Qwen3TTSModel
+        from worker.models.qwen3_tts.weights import load_into
+
+        self.torch = torch
+        ck = self.ctx.checkpoint
+        with torch.device("meta"):
+            model = Qwen3TTSModel(read_config(ck))
+        load_into(
+            model,
+            ck,
+            device=self.ctx.device,
+            dtype=_dtype(self.ctx.stage.dtype),
+            component=self.ctx.stage.component,
+        )
+        self.model = model.eval()
+        self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
+        self.engine = TalkerEngine(self.model, generation_defaults(ck))
+        self.max_new = self.ctx.stage.engine.max_new_tokens
+        self.max_running = self.ctx.max_running_requests
+        self.context = self.ctx.stage.engine.context_length
+        self.pending: list[_Req] = []
+        self.running: dict[str, _Req] = {}
+
+    def warmup(self) -> None:
+        speakers = self.builder.speakers
+        payload: dict[str, Any] = {"text": "hi", "language": "auto"}
+        if speakers:
+            payload["speaker"] = speakers[0]
+        else:
+            payload["ref_wav"] = np.sin(np.arange(4800, dtype=np.float32) / 7.0) * 0.1
+        self.start(
+            "warmup", RequestMeta("speech", frozenset({"audio"})), {"preprocessing": payload}
+        )
+        self.pending[0].payload["max_new"] = 3
+        while self.pending or self.running:
+            self.step()
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.pending.append(_Req(rid, meta, inputs["preprocessing"]))
+
+    def abort(self, rid: str) -> None:
+        self.pending = [r for r in self.pending if r.rid != rid]
+        self.running.pop(rid, None)
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if (self.pending or self.running) else None
+
+    def queue_depth(self) -> int:
+        return len(self.pending) + len(self.running)
+
+    def _admit(self, r: _Req) -> list[Output]:
+        from worker.models.qwen3_tts.engine import (
+            TalkerRequest,
+            TTSInputError,
+            speaker_embedding,
+        )
+
+        torch = self.torch
+        p = r.payload
+        try:
+            spk_emb = None
+            if p.get("ref_wav") is not None:
+                spk_emb = speaker_embedding(self.model, torch.from_numpy(np.asarray(p["ref_wav"])))
+            ref_codes = p.get("ref_codes")
+            prompt = self.builder.build(
+                p["text"],
+                language=p.get("language", "auto"),
+                speaker=p.get("speaker"),
+                instruct=p.get("instruct"),
+                speaker_embedding=spk_emb,
+                ref_text=p.get("ref_text"),
+                ref_codes=None if ref_codes is None else torch.from_numpy(np.asarray(ref_codes)),
+                non_streaming=ref_codes is None,
+            )
+        except TTSInputError as exc:
+            return [(INVALID, r.rid, f"{self.ctx.name}: {exc}")]
+        r.prompt_tokens = int(prompt.embeds.shape[1])
+        if r.prompt_tokens >= self.context:
+            return [
+                (
+                    INVALID,
+                    r.rid,
+                    f"{self.ctx.name}: the prompt takes {r.prompt_tokens} positions, over the "
+                    f"context length {self.context}",
+                )
+            ]
+        max_new = int(p.get("max_new") or self.max_new)
+        max_new = max(1, min(max_new, self.context - r.prompt_tokens))
+        r.engine_req = TalkerRequest(r.rid, prompt, max_new)
+        self.engine.prefill(r.engine_req)
+        self.running[r.rid] = r
+        if ref_codes is not None:
+            # The reference codes precede the new ones in the decode (as the model decodes a
+            # clone: reference + generated, the reference's share of the samples cut off).
+            return [(CHUNK, r.rid, {"context": np.asarray(ref_codes, dtype=np.int64)})]
+        return []
+
+    def step(self) -> list[Output]:
+        outs: list[Output] = []
+        while self.pending and len(self.running) < self.max_running:
+            outs += self._admit(self.pending.pop(0))
+        live = [r for r in self.running.values() if not r.engine_req.done]
+        if live:
+            frames = self.engine.step([r.engine_req for r in live])
+            for r, f in zip(live, frames, strict=True):
+                r.frames += 1
+                outs.append((CHUNK, r.rid, {"codes": f.cpu().numpy()[None].astype(np.int64)}))
+        for r in list(self.running.values()):
+            if r.engine_req.done:
+                del self.running[r.rid]
+                eos = r.engine_req.token == self.engine.eos
+                info = {
+                    "finish_reason": "stop" if eos else "length",
+                    "prompt_tokens": r.prompt_tokens,
+                    "completion_tokens": r.frames,
+                }
+                outs += [(END, r.rid, info), (DONE, r.rid, info)]
+        return outs
+
+
+@dataclass
+class _Stream:
+    frames: list[np.ndarray] = field(default_factory=list)
+    cut: int = 0
+    base: int = 0  # leading context frames (a cloned voice's reference codes): never output
+    ended: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TTSVocoderExecutor(StageExecutor):
+    def load(self) -> None:
+        import torch
+
+        from worker.models.qwen3_tts.codec import SpeechDecoder
+        from worker.models.qwen3_tts.weights import load_into
+
+        self.torch = torch
+        comp = self.ctx.stage.component
+        st_dir = self.ctx.checkpoint / (comp.config_dir if comp else "speech_tokenizer")
+        cfg = json.loads((st_dir / "config.json").read_text())
+        with torch.device("meta"):
+            dec = SpeechDecoder(cfg["decoder_config"])
+        load_into(
+            dec,
+            st_dir,
+            prefix="decoder.",
+            device=self.ctx.device,
+            dtype=_dtype(self.ctx.stage.dtype),
+            component=comp,
+        )
+        self.decoder = dec.eval()
+        self.upsample = dec.total_upsample
+        s = self.ctx.stage.streaming
+        self.first, self.chunk, self.context = (
+            s.first_chunk_frames,
+            s.chunk_frames,
+            s.left_context_frames,
+        )
+        self.streams: dict[str, _Stream] = {}
+
+    def warmup(self) -> None:
+        groups = self.decoder.num_quantizers
+        with self.torch.inference_mode():
+            self.decoder(self.torch.zeros(1, groups, 2, dtype=self.torch.long))
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.streams.setdefault(rid, _Stream())
+
+    def feed(self, rid: str, src: str, data: Any) -> None:
+        s = self.streams.get(rid)
+        if s is None:
+            return
+        if "context" in data:
+            ctx = list(np.asarray(data["context"], dtype=np.int64))
+            s.frames[:0] = ctx
+            s.base += len(ctx)
+            s.cut += len(ctx)
+        else:
+            s.frames.extend(np.asarray(data["codes"], dtype=np.int64))
+
+    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
+        s = self.streams.get(rid)
+        if s is not None:
+            s.ended, s.info = True, dict(info)
+
+    def abort(self, rid: str) -> None:
+        self.streams.pop(rid, None)
+
+    def _size(self, s: _Stream) -> int:
+        """Chunk sizes ramp 1, 2, 4, ... (from ``first_chunk_frames``) up to ``chunk_frames``."""
+        size, done = self.first, 0
+        while done + size <= s.cut - s.base:
+            done += size
+            size = min(size * 2, self.chunk)
+        return size
+
+    def _ready(self, s: _Stream) -> bool:
+        return s.ended or len(s.frames) - s.cut >= self._size(s)
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if any(self._ready(s) for s in self.streams.values()) else None
+
+    def queue_depth(self) -> int:
+        return len(self.streams)
+
+    def step(self) -> list[Output]:
+        """One chunk for every stream that has one ready; windows of equal length (the usual
+        case under load: same chunk size, full context) decode as one batch of up to
+        ``batching.max_batch_size`` (1: every window alone, so the bytes never depend on what
+        else runs: batched convolutions round differently)."""
+        torch = self.torch
+        outs: list[Output] = []
+        jobs: dict[int, list[tuple[str, _Stream, int, int]]] = {}
+        for rid, s in self.streams.items():
+            size = self._size(s)
+            if len(s.frames) - s.cut >= size or (s.ended and s.cut < len(s.frames)):
+                end = min(s.cut + size, len(s.frames))
+                a = max(0, s.cut - self.context)
+                jobs.setdefault(end - a, []).append((rid, s, a, end))
+        cap = max(1, self.ctx.stage.batching.max_batch_size)
+        groups = [g[i : i + cap] for g in jobs.values() for i in range(0, len(g), cap)]
+        for group in groups:
+            windows = np.stack([np.stack(s.frames[a:end]).T for _, s, a, end in group])
+            with torch.inference_mode():
+                wavs = self.decoder(torch.from_numpy(windows).to(self.ctx.device))
+            wavs = wavs.float().cpu().numpy()[:, 0]
+            for (rid, s, a, end), wav in zip(group, wavs, strict=True):
+                wav = wav[(s.cut - a) * self.upsample :]
+                pcm = np.clip(np.round(wav * 32767.0), -32768, 32767).astype("<i2")
+                outs.append((OUT, rid, ("audio", pcm)))
+                s.cut = end
+        for rid, s in list(self.streams.items()):
+            if s.ended and s.cut >= len(s.frames):
+                del self.streams[rid]
+                outs.append((DONE, rid, s.info))
+        return outs
