@@ -148,8 +148,10 @@ class Router:
         if req.method not in _METHODS[endpoint]:
             self.fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
             return
-        h = read_client_headers(req.headers, self.session_header, not self.check_keys)
-        if self.check_keys and not self.auth.accepts(h.auth):
+        fwd, auth, ctype, session = read_client_headers(
+            req.headers, self.session_header, not self.check_keys
+        )
+        if self.check_keys and not self.auth.accepts(auth):
             self.auth.refuse(client)
             return
         if endpoint is Endpoint.REALTIME:
@@ -159,19 +161,18 @@ class Router:
             return
         if json_routed:
             try:
-                c = classify_json(endpoint, req.body, h.content_type, self.session_from_user)
+                c = classify_json(endpoint, req.body, ctype, self.session_from_user)
             except OmniError as exc:
                 self.fail(client, exc)
                 return
         else:
             c = Classified(endpoint)
-        admitted = self._admit(client, c, h.session)
+        admitted = self._admit(client, c, session)
         if admitted is None:
             return
         capable, open_ = admitted
         self.in_flight += 1
         body = req.body
-        fwd = h.forward
         rid_line = self._rid_line()
         if body is None:  # a streamed upload: its body follows, framed as the client framed it
             body = b""
@@ -486,16 +487,17 @@ class Router:
         path = url.split(b"?", 1)[0]
         route = route_of(path)
         client.route = route[0].value if route else "other"
-        h = read_client_headers(req.headers, self.session_header, not self.check_keys)
-        fwd = h.forward
-        if self.check_keys and not self.auth.accepts(h.auth):
+        fwd, auth, _, session = read_client_headers(
+            req.headers, self.session_header, not self.check_keys
+        )
+        if self.check_keys and not self.auth.accepts(auth):
             self.auth.refuse(client)
             return
         if route is None:
             self.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
             return
         c = Classified(route[0])
-        admitted = self._admit(client, c, h.session)
+        admitted = self._admit(client, c, session)
         if admitted is None:
             return
         capable, open_ = admitted

@@ -205,13 +205,11 @@ def test_client_headers_one_reader_for_http_and_websocket() -> None:
         (b"content-type", b"application/json"),
         (b"transfer-encoding", b"chunked"),
     ]
-    h = read_client_headers(headers, b"x-omni-session", keep_auth=False)
-    assert h.session == b"s1" and h.auth == b"Bearer k"
-    assert h.content_type == b"application/json"
-    forwarded = b"".join(h.forward)
-    assert forwarded == b"x-kept: end\r\ncontent-type: application/json\r\n"
-    kept = read_client_headers(headers, b"x-session-id", keep_auth=True)
-    assert b"authorization: Bearer k\r\n" in b"".join(kept.forward) and kept.session is None
+    fwd, auth, ctype, session = read_client_headers(headers, b"x-omni-session", keep_auth=False)
+    assert session == b"s1" and auth == b"Bearer k" and ctype == b"application/json"
+    assert b"".join(fwd) == b"x-kept: end\r\ncontent-type: application/json\r\n"
+    fwd, _, _, session = read_client_headers(headers, b"x-session-id", keep_auth=True)
+    assert b"authorization: Bearer k\r\n" in b"".join(fwd) and session is None
 
 
 def test_connection_cap_leaves_the_reserve() -> None:

@@ -11,28 +11,15 @@ from router.http.wire import DROP_REQUEST, INTERNAL_PREFIX
 _CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive", b"upgrade"})
 
 
-class ClientHeaders:
-    __slots__ = ("auth", "content_type", "forward", "session")
-
-    def __init__(
-        self,
-        forward: list[bytes],
-        auth: bytes | None,
-        content_type: bytes | None,
-        session: bytes | None,
-    ) -> None:
-        self.forward = forward  # flat list: name, b": ", value, b"\r\n" per forwarded header
-        self.auth = auth
-        self.content_type = content_type
-        self.session = session
-
-
 def read_client_headers(
     headers: list[tuple[bytes, bytes]], session_name: bytes, keep_auth: bool
-) -> ClientHeaders:
-    """``headers``: (lower-case name, value). The session header is matched before internal
-    headers are dropped, so any configured name works; ``keep_auth`` forwards Authorization
-    (False when the router checks API keys itself: that credential is not the worker's)."""
+) -> tuple[list[bytes], bytes | None, bytes | None, bytes | None]:
+    """(forwarded lines, Authorization, Content-Type, session key) of a request's headers, the
+    lines as a flat list: name, b": ", value, b"\r\n" per forwarded header (a tuple, not an
+    object: this runs for every request). ``headers``: (lower-case name, value). The session
+    header is matched before internal headers are dropped, so any configured name works;
+    ``keep_auth`` forwards Authorization (False when the router checks API keys itself: that
+    credential is not the worker's)."""
     auth = ctype = session = None
     connection: list[bytes] | None = None
     fwd: list[bytes] = []
@@ -54,7 +41,7 @@ def read_client_headers(
         named = connection_named(connection)
         if named:
             fwd = without_headers(fwd, named)
-    return ClientHeaders(fwd, auth, ctype, session)
+    return fwd, auth, ctype, session
 
 
 def connection_named(values: list[bytes]) -> frozenset[bytes]:

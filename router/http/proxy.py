@@ -97,7 +97,7 @@ class Upstream(asyncio.Protocol):
         self.paused = False  # reading paused for a slow client
         self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
         self.answered = False  # some byte of a response to the current request came back
-        self.body_length: int | None = None  # Content-Length of the response being relayed
+        self.body_length: bytes | None = None  # Content-Length of the response being relayed
         self.raw_left = 0  # bytes of a length-delimited body still to relay unparsed
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -125,7 +125,7 @@ class Upstream(asyncio.Protocol):
                     and not self.refused
                     and self.client is not None
                 ):
-                    self.raw_left = self.body_length
+                    self.raw_left = int(self.body_length)
                     self._relay_raw(view[end:])
                     return
                 data = view[end:]  # type: ignore[assignment]
@@ -165,10 +165,10 @@ class Upstream(asyncio.Protocol):
             else:
                 client.transport.write(data)
         if self.raw_left == 0:
-            keep = self.parser.should_keep_alive() and not overrun
+            if overrun:
+                self.close()  # never pooled: its framing is lost
+            self.on_message_complete()
             self.parser = httptools.HttpResponseParser(self)  # it saw the head only
-            if client is not None:
-                self._complete(keep)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -308,7 +308,7 @@ class Upstream(asyncio.Protocol):
         if length is not None and not chunked_in:
             parts += (b"content-length: ", length, b"\r\n")
             if not no_body:
-                self.body_length = int(length)
+                self.body_length = length  # made an int only for a body relayed raw
         elif not no_body:
             self.until_close = not chunked_in
             if client.http11:
@@ -342,15 +342,13 @@ class Upstream(asyncio.Protocol):
         client.transport.write(data)
 
     def on_message_complete(self) -> None:
-        if self.client is not None:
-            self._complete(self.parser.should_keep_alive())
-
-    def _complete(self, keep: bool) -> None:
         """The response is relayed whole: pool the connection if it can carry another."""
-        client: Downstream = self.client  # type: ignore[assignment]
+        client = self.client
+        if client is None:
+            return
         # a worker that answered before the client's upload ended has not read the rest of
         # it: the remainder would be parsed as the next request on a pooled connection
-        keep = keep and not client.uploading
+        keep = self.parser.should_keep_alive() and not client.uploading
         self.client = None
         if self.refused:  # the worker is draining: no point in pooling its connection
             self.refused = False
