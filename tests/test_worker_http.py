@@ -65,9 +65,11 @@ class Running:
         self.loop.call_soon_threadsafe(fn, *args)
 
 
-def serve_in_thread(settings: WorkerSettings, redis_url: str | None = None) -> Iterator[Running]:
+def serve_in_thread(
+    settings: WorkerSettings, redis_url: str | None = None, spec: ModelSpec = SPEC
+) -> Iterator[Running]:
     engine = FakeEngine()
-    service = WorkerService(settings, SPEC, engine, "w-test")
+    service = WorkerService(settings, spec, engine, "w-test")
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     loop = asyncio.new_event_loop()
@@ -260,7 +262,7 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
     assert_error(
         http.post(
             speech,
-            json={"model": "fake-omni", "input": "x", "voice": "tiny", "response_format": "mp3"},
+            json={"model": "fake-omni", "input": "x", "voice": "tiny", "response_format": "wma"},
         ),
         400,
         "invalid_request",
