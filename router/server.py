@@ -60,10 +60,11 @@ class ClientConnection(asyncio.Protocol):
         "closed",
         "dispatch",
         "extra_headers",
+        "head_bound",
         "head_error",
+        "head_first",
         "head_only",
         "head_rx",
-        "header_bytes",
         "headers",
         "http11",
         "in_head",
@@ -73,16 +74,17 @@ class ClientConnection(asyncio.Protocol):
         "max_header_bytes",
         "max_pipelined",
         "max_url",
-        "messages",
         "parser",
         "paused",
         "pending",
         "pending_bytes",
         "pipeline_full",
+        "read_len",
         "route",
         "router",
         "rx",
         "rx_seen",
+        "small_head",
         "stall_at",
         "started",
         "transport",
@@ -109,6 +111,8 @@ class ClientConnection(asyncio.Protocol):
         self.max_body = settings.max_body_bytes
         self.max_url = settings.max_url_bytes
         self.max_header_bytes = settings.max_header_bytes
+        # a head that came in one read no longer than this is within both limits: unchecked
+        self.small_head = min(self.max_url, self.max_header_bytes)
         self.max_pipelined = settings.max_pipelined
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
@@ -116,11 +120,12 @@ class ClientConnection(asyncio.Protocol):
         # the request head as it arrives: pieces joined once (linear), sizes checked per piece
         self.url_parts: list[bytes] = []
         self.url_size = 0
-        self.header_bytes = 0
-        self.head_rx = 0  # bytes of reads that fell wholly inside the current head
+        self.in_head = False  # a request head is partly parsed
+        self.head_first = False  # ... and began in the read being parsed
+        self.head_rx = 0  # bytes of the reads after that one, while the head went on
+        self.head_bound = 0  # bytes of every earlier read of the head: a bound on its size
+        self.read_len = 0  # the read being parsed
         self.head_error: tuple[int, ErrorCode, str] | None = None
-        self.in_head = False
-        self.messages = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.body_size = 0
@@ -189,8 +194,7 @@ class ClientConnection(asyncio.Protocol):
         if self.ws_pending is not None:
             self.ws_pending += data
             return
-        in_head = self.in_head
-        messages = self.messages
+        self.read_len = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -208,12 +212,24 @@ class ClientConnection(asyncio.Protocol):
                 else:
                     self.reject(*error)
             return
-        if in_head and self.in_head and self.messages == messages:
-            # A header still arriving: httptools only reports a header once it is complete and
-            # buffers it until then, so its growth is bounded here, by the bytes read for it.
-            self.head_rx += len(data)
-            if self.head_rx > self.max_url + self.max_header_bytes and not self.closed:
-                self.reject(*self._headers_too_large())
+        if self.in_head:
+            self._head_continues()
+
+    def _head_continues(self) -> None:
+        """A read ended inside a request head. httptools reports a header only once it is
+        complete and buffers it until then, so a head's growth is bounded here: by the
+        target's size, and by the reads after the one the request began in."""
+        self.head_bound += self.read_len
+        if self.head_first:
+            self.head_first = False  # that read may hold the end of an earlier request too
+        else:
+            self.head_rx += self.read_len
+        if self.closed:
+            return
+        if self.url_size > self.max_url:
+            self.reject(*self._target_too_long())
+        elif self.head_rx > self.max_url + self.max_header_bytes:
+            self.reject(*self._headers_too_large())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -247,11 +263,10 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.in_request = True
         self.in_head = True
-        self.messages += 1
-        self.head_rx = 0
+        self.head_first = True
+        self.head_rx = self.head_bound = 0
         self.url_parts = []
         self.url_size = 0
-        self.header_bytes = 0
         self.headers = []
         self.body = []
         self.body_size = 0
@@ -260,30 +275,35 @@ class ClientConnection(asyncio.Protocol):
         # called once per read that carries part of the target: collect, join once at the end
         self.url_parts.append(url)
         self.url_size += len(url)
-        if self.url_size > self.max_url:
-            self.head_error = (
-                414,
-                ErrorCode.URI_TOO_LONG,
-                f"request target is longer than {self.max_url} bytes",
-            )
-            raise HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_bytes += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
-        if self.header_bytes > self.max_header_bytes:
-            self.head_error = self._headers_too_large()
-            raise HeadTooLarge
         self.headers.append((name.lower(), value))
 
+    def _target_too_long(self) -> tuple[int, ErrorCode, str]:
+        message = f"request target is longer than {self.max_url} bytes"
+        return 414, ErrorCode.URI_TOO_LONG, message
+
     def _headers_too_large(self) -> tuple[int, ErrorCode, str]:
-        return (
-            431,
-            ErrorCode.HEADERS_TOO_LARGE,
-            f"request headers are larger than {self.max_header_bytes} bytes",
-        )
+        message = f"request headers are larger than {self.max_header_bytes} bytes"
+        return 431, ErrorCode.HEADERS_TOO_LARGE, message
+
+    def _head_over_limit(self) -> tuple[int, ErrorCode, str] | None:
+        """The exact check, for a head that may be over a limit (it came in many reads or in
+        one large one)."""
+        if self.url_size > self.max_url:
+            return self._target_too_long()
+        size = 0
+        for name, value in self.headers:
+            size += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
+        return self._headers_too_large() if size > self.max_header_bytes else None
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        if self.head_bound + self.read_len > self.small_head:
+            error = self._head_over_limit()
+            if error is not None:
+                self.head_error = error
+                raise HeadTooLarge
         parts = self.url_parts
         self.url = parts[0] if len(parts) == 1 else b"".join(parts)
         length = expect = None

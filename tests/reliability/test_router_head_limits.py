@@ -64,3 +64,24 @@ def test_endless_header_is_cut_off_early_and_costs_no_memory(router: Router) -> 
     assert sent < 24 * MB, sent
     assert peak_rss_bytes(router.p.pid) - before < 16 * MB
     assert chat(router.url).status_code == 200
+
+
+def test_limits_hold_for_heads_that_arrive_in_pieces(router: Router) -> None:
+    """The exact check also runs for a head in several small reads, none over a limit."""
+    import socket
+    import time
+
+    from tests.reliability.hostile import read_until_closed
+
+    url = b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n"
+    header = b"GET /live HTTP/1.1\r\nx-big: " + b"b" * 40000 + b"\r\n\r\n"
+    for pieces, expected in (
+        ([url[:7000], url[7000:]], (414, "uri_too_long")),  # most of it in the first read
+        ([header[i : i + 3000] for i in range(0, len(header), 3000)], (431, "headers_too_large")),
+    ):
+        with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for piece in pieces:
+                sock.sendall(piece)
+                time.sleep(0.05)  # separate reads on the router's side
+            assert status_and_code(read_until_closed(sock)) == expected
