@@ -31,21 +31,21 @@ def reference_python() -> Path:
     return Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python"
 
 
-def _digest(config_dir: Path) -> str:
-    h = hashlib.sha256(OFFICIAL.read_bytes())
+def _digest(config_dir: Path, script: Path = OFFICIAL) -> str:
+    h = hashlib.sha256(script.read_bytes())
     for p in sorted(config_dir.rglob("*.json")):
         h.update(p.relative_to(config_dir).as_posix().encode() + p.read_bytes())
     return h.hexdigest()[:12]
 
 
-def run_official(jobs: list[dict], tmp: Path) -> None:
+def run_official(jobs: list[dict], tmp: Path, script: Path = OFFICIAL) -> None:
     if not jobs:
         return
     path = tmp / f"jobs-{len(list(tmp.glob('jobs-*.json')))}.json"
     path.write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run(
-        [str(reference_python()), str(OFFICIAL), "jobs", str(path)],
+        [str(reference_python()), str(script), "jobs", str(path)],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -54,22 +54,22 @@ def run_official(jobs: list[dict], tmp: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
-def official_checkpoints(names: list[str], tmp: Path) -> dict[str, Path]:
+def official_checkpoints(names: list[str], tmp: Path, script: Path = OFFICIAL) -> dict[str, Path]:
     """Tiny checkpoints written by the official classes' save_pretrained, cached by config."""
     out, jobs = {}, []
     for name in names:
         cfg = HF / name
-        dst = CACHE / "reference-checkpoints" / f"{name}-{_digest(cfg)}"
+        dst = CACHE / "reference-checkpoints" / f"{name}-{_digest(cfg, script)}"
         out[name] = dst
-        if not (dst / "speech_tokenizer" / "model.safetensors").is_file():
+        if not (dst / "config.json").is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             jobs.append({"cmd": "build", "config_dir": str(cfg), "out": str(dst), "seed": SEED})
-    run_official(jobs, tmp)
+    run_official(jobs, tmp, script)
     return out
 
 
 def official_generate(
-    runs: dict[str, list[dict]], checkpoints: dict[str, Path], tmp: Path
+    runs: dict[str, list[dict]], checkpoints: dict[str, Path], tmp: Path, script: Path = OFFICIAL
 ) -> dict[str, dict]:
     """Per checkpoint name: the official package's results for its requests (one process)."""
     jobs = []
@@ -83,7 +83,7 @@ def official_generate(
                 "out": str(tmp / f"{name}.out.npz"),
             }
         )
-    run_official(jobs, tmp)
+    run_official(jobs, tmp, script)
     return {name: dict(np.load(tmp / f"{name}.out.npz")) for name in runs}
 
 

@@ -22,13 +22,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 CV_SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts.yaml"
 BASE_SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts-base.yaml"
-FRAMES = 63  # max_new_tokens 64 in the embedded specs: 63 frames of 1920 samples
+MAX_NEW = 16  # talker steps per request (the embedded specs allow 64): keeps the test short
+FRAMES = MAX_NEW - 1  # frames of 1920 samples (the last first code never gets its frame)
+LIMIT = ("--tts_engine.engine.max_new_tokens", str(MAX_NEW))
 
 
 @pytest.fixture(scope="module")
 def cv(tmp_path_factory):
     cache = tmp_path_factory.mktemp("tts-cache")
-    worker = WorkerProcess("--spec", str(CV_SPEC), "--gpus", "cpu", "--cache-dir", str(cache))
+    worker = WorkerProcess(
+        "--spec", str(CV_SPEC), "--gpus", "cpu", "--cache-dir", str(cache), *LIMIT
+    )  # fmt: skip
     try:
         yield worker.wait_ready(timeout=300)
     finally:
@@ -142,7 +146,7 @@ def _wav(samples: np.ndarray, rate: int = 24_000) -> bytes:
 def test_base_clones_uploaded_voices_and_refuses_bad_ones(tmp_path: Path, redis_url: str) -> None:
     worker = WorkerProcess(
         "--spec", str(BASE_SPEC), "--gpus", "cpu", "--cache-dir", str(tmp_path),
-        "--max-voice-seconds", "5", redis_url=redis_url,
+        "--max-voice-seconds", "5", *LIMIT, redis_url=redis_url,
     )  # fmt: skip
     try:
         worker.wait_ready(timeout=300)

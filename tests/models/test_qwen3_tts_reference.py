@@ -165,7 +165,8 @@ def _close(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
     assert np.abs(pcm.astype(np.int32) - want).max() <= 2, what
 
 
-@pytest.mark.parametrize("name", CV)
+# Through the worker: one size per variant (both sizes are compared in process above).
+@pytest.mark.parametrize("name", CV[1:])
 def test_worker_speech_equals_official(name: str, official: dict) -> None:
     tmp = official["tmp"]
     spec = ref.spec_for("tiny-qwen3-tts", official["checkpoints"][name], tmp, MAX_NEW)
@@ -182,7 +183,7 @@ def test_worker_speech_equals_official(name: str, official: dict) -> None:
         worker.stop()
 
 
-@pytest.mark.parametrize("name", BASE)
+@pytest.mark.parametrize("name", BASE[1:])
 def test_worker_cloned_voice_equals_official(name: str, official: dict, redis_url: str) -> None:
     tmp = official["tmp"]
     spec = ref.spec_for("tiny-qwen3-tts-base", official["checkpoints"][name], tmp, MAX_NEW)
