@@ -50,6 +50,7 @@ def plan_spec(
     override_file: Path | None = None,
     *,
     max_replicas_per_node: int | None = None,
+    model_dir: Path | None = None,
 ) -> PlanResult:
     """Load a spec (or a bare model directory), apply overrides, and plan it on ``inventory``.
 
@@ -57,12 +58,36 @@ def plan_spec(
     ``--gpus`` string such as ``"2xH100-80GB"``; a YAML inventory path; or an
     :class:`~planner.inventory.Inventory` (e.g. ``Inventory.from_devices(...)``).
     Raises :class:`~planner.errors.PlannerError` for invalid specs, overrides or inventories; a
-    layout that does not fit is ``plan.fits == False`` with ``plan.errors``.
+    layout that does not fit is ``plan.fits == False`` with ``plan.errors``. ``model_dir``: a
+    checkpoint directory that replaces the spec's own (see :mod:`planner.model_dir`).
     """
-    loaded = load_spec(spec_path, overrides, override_file)
+    loaded = load_spec(spec_path, overrides, override_file, model_dir)
+    if _cpu_only(inventory):
+        moved = cpu_overrides(loaded.spec)
+        if moved:  # the user's own overrides come last and win
+            loaded = load_spec(spec_path, (*moved, *overrides), override_file, model_dir)
     inv = resolve_inventory(inventory)
     plan = build_plan(loaded.spec, loaded.spec_path, inv, max_replicas_per_node)
     return PlanResult(loaded.spec, loaded.spec_path, plan, loaded.provenance, inv)
+
+
+def _cpu_only(inventory: str | Path | Inventory | None) -> bool:
+    return isinstance(inventory, str) and inventory.strip().lower() == "cpu"
+
+
+def cpu_overrides(spec: ModelSpec) -> list[str]:
+    """``--gpus cpu``: every stage of the spec on the CPU (a tiny checkpoint of a GPU model on
+    a laptop or CI), as ordinary overrides so that ``explain`` shows where they came from."""
+    out: list[str] = []
+    for name, stage in spec.stages.items():
+        if stage.device.value == "cpu":
+            continue
+        out += [f"--{name}.device", "cpu", f"--{name}.gpus", "null"]
+        if stage.memory_share is not None:
+            out += [f"--{name}.memory_share", "null"]
+        if stage.tp_size != 1:
+            out += [f"--{name}.tp_size", "1"]
+    return out
 
 
 def spec_digest(spec: ModelSpec) -> str:

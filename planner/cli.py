@@ -1,7 +1,8 @@
 """``omni-plan``: plan a model spec (or a bare model directory) onto GPUs, before launch.
 
     omni-plan SPEC_OR_MODEL_DIR [--gpus 2xH100-80GB | --inventory FILE] [--json] [--svg FILE]
-              [--override-file FILE] [--max-replicas-per-node N] [--<stage>.<field> VALUE ...]
+              [--override-file FILE] [--max-replicas-per-node N] [--model-dir DIR_OR_REPO]
+              [--<stage>.<field> VALUE ...]
     omni-plan explain SPEC PATH [--override-file FILE] [--<stage>.<field> VALUE ...]
 
 Exit status: 0 the plan fits; 1 it does not fit (the errors say where and what would fix it);
@@ -43,6 +44,12 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the launch plan as JSON")
     p.add_argument("--svg", type=Path, help="write a picture of each GPU's memory to this file")
     p.add_argument("--max-replicas-per-node", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        help="a checkpoint directory or Hugging Face repo id (from the local cache) to plan "
+        "instead of the spec's model_dir",
+    )
     return p
 
 
@@ -97,9 +104,12 @@ def _explain(argv: list[str]) -> int:
 
 
 def _plan(argv: list[str]) -> int:
-    own, overrides = _split(argv, {"--gpus", "--inventory", "--override-file", "--svg"})
+    own, overrides = _split(
+        argv, {"--gpus", "--inventory", "--override-file", "--svg", "--model-dir"}
+    )
     ns = _plan_parser().parse_args(own)
     from planner.api import plan_spec
+    from planner.model_dir import resolve_model_dir
     from planner.render import plan_svg, print_plan
 
     inventory = ns.inventory if ns.inventory is not None else ns.gpus
@@ -109,6 +119,7 @@ def _plan(argv: list[str]) -> int:
         overrides,
         ns.override_file,
         max_replicas_per_node=ns.max_replicas_per_node,
+        model_dir=resolve_model_dir(ns.model_dir) if ns.model_dir else None,
     )
     plan = result.plan
     if ns.svg is not None:

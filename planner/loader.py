@@ -65,7 +65,10 @@ def load_spec(
     spec_path: Path | str,
     overrides: Sequence[str] = (),
     override_file: Path | str | None = None,
+    model_dir: Path | None = None,
 ) -> LoadedSpec:
+    """``model_dir`` (resolved by :mod:`planner.model_dir`) replaces the spec's own: the same
+    stage graph on a downloaded checkpoint."""
     path = Path(spec_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -84,6 +87,8 @@ def load_spec(
     if override_file is not None:
         ovs += parse_file(Path(override_file))
     ovs += parse_cli(list(overrides))
+    if model_dir is not None:
+        raw = {**raw, "model_dir": str(model_dir)}
     resolved, prov = apply(raw, base, where, ovs)  # type: ignore[arg-type]
     try:
         spec = ModelSpec.model_validate(resolved)

@@ -77,17 +77,23 @@ def _describe(found: list[tuple[str, int]]) -> str:
 def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
     """Run the planner exactly as ``omni-plan`` does, on this node's GPUs."""
     from planner.api import plan_spec
+    from planner.model_dir import resolve_model_dir
 
     spec_path = settings.resolved_spec()
     if not spec_path.exists():
         raise StartupError(f"spec not found: {spec_path}", EXIT_BAD_SPEC)
     try:
         inventory = inventory_of(settings)
+        model_dir = None
+        if settings.model_dir:
+            model_dir = resolve_model_dir(settings.model_dir, settings.allow_download)
         result = plan_spec(
             spec_path,
-            inventory=inventory,
+            # "cpu" as such: every stage of the spec moves to the CPU
+            inventory="cpu" if (settings.gpus or "").strip().lower() == "cpu" else inventory,
             overrides=tuple(settings.overrides) + tuple(overrides),
             override_file=settings.override_file,
+            model_dir=model_dir,
         )
     except (ValueError, KeyError, FileNotFoundError) as exc:
         raise StartupError(f"{spec_path}: {exc}", EXIT_BAD_SPEC) from exc

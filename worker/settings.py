@@ -25,6 +25,14 @@ class WorkerSettings(OmniSettings):
 
     spec: Path = Field(DEFAULT_SPEC, description="model spec YAML (configs/models/*.yaml)")
     override_file: Path | None = Field(None, description="YAML of `stages.<stage>.<field>` values")
+    model_dir: str | None = Field(
+        None,
+        description="checkpoint directory or Hugging Face repo id (local cache) that replaces "
+        "the spec's model_dir",
+    )
+    allow_download: bool = Field(
+        False, description="let --model-dir REPO_ID download what the local cache lacks"
+    )
     overrides: list[str] = Field(
         default_factory=list,
         description="spec overrides `<stage>.<field>=<value>`; CLI also takes --<stage>.<field> V",
