@@ -128,7 +128,8 @@ class SpeechBatchRequest(Body):
 
 class TranscriptionForm(Body):
     model: str
-    language: str | None = None
-    prompt: str | None = None
-    response_format: Literal["json", "text", "verbose_json"] = "json"
+    language: str | None = Field(None, max_length=32)
+    prompt: str | None = Field(None, max_length=4096)
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
     temperature: float | None = Field(None, ge=0, le=1)
+    stream: bool = False

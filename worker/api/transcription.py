@@ -1,14 +1,20 @@
-"""POST /v1/audio/transcriptions: a multipart audio file to text."""
+"""POST /v1/audio/transcriptions: a multipart audio file to text.
+
+``response_format``: json, text, verbose_json (language, duration, segments), srt, vtt;
+``stream=true``: server-sent events as OpenAI sends them (``transcript.text.delta`` events, then
+``transcript.text.done``). Qwen3-ASR cuts audio into 30 s clips: each clip is a segment, and the
+model's detected language (or the ``language`` hint) is reported."""
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from fleet.errors import ErrorCode, OmniError
+from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
 from worker.api import audio
 from worker.api.common import (
@@ -19,10 +25,17 @@ from worker.api.common import (
     session_of,
     until_disconnect,
 )
-from worker.api.errors import from_pydantic
-from worker.api.generation import collect
+from worker.api.errors import from_pydantic, stage_error
+from worker.api.generation import collect, events
 from worker.api.schemas import TranscriptionForm
-from worker.engine import AUDIO_INPUT_RATE, GenerationRequest, RequestKind
+from worker.engine import (
+    AUDIO_INPUT_RATE,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    StageFailed,
+    TextDelta,
+)
 
 router = APIRouter()
 
@@ -47,31 +60,54 @@ async def transcriptions(request: Request) -> Response:
     clip = await audio.decode_audio_async(
         data, max_seconds=service.settings.max_audio_seconds, param="file"
     )
+    if clip.size == 0 or not np.isfinite(clip).all():
+        raise OmniError(400, ErrorCode.INVALID_AUDIO, "audio has no samples", "file")
+    asr = _model_type(service) == "qwen3_asr"
+    if asr:
+        opts = {"role": "asr_options", "language": body.language, "prompt": body.prompt}
+        messages = [opts]
+    else:
+        messages = [{"role": "user", "content": body.prompt or ""}] if body.prompt else []
     session = session_of(request)
     ticket = service.admit(session)
     gen = GenerationRequest(
         request_id=new_id("transcription"),
         kind=RequestKind.TRANSCRIPTION,
-        messages=[{"role": "user", "content": body.prompt or ""}] if body.prompt else [],
+        messages=messages,
         audio=clip,
         session_id=session,
     )
+    duration = clip.size / AUDIO_INPUT_RATE
+    if body.stream:
+        return StreamingResponse(
+            _sse(service, gen, ticket), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )  # fmt: skip
     try:
         result = await until_disconnect(request, collect(service, gen, ticket))
     finally:
         ticket.release()
     if result is None:
         return closed_response()
-    text = "".join(result.text)
-    if body.response_format == "text":
+    languages, texts = _split(result.text)
+    text = "".join(texts) if not asr else " ".join(t for t in texts if t)
+    language = body.language or next((lang for lang in languages if lang), "") or "unknown"
+    segments = _segments(texts, duration) if asr else ([] if not text else [(0.0, duration, text)])
+    fmt = body.response_format
+    if fmt == "text":
         return PlainTextResponse(text)
+    if fmt in ("srt", "vtt"):
+        return PlainTextResponse(_subtitles(segments, fmt), media_type=_SUBTITLE_TYPES[fmt])
     payload: dict = {"text": text}
-    if body.response_format == "verbose_json":
+    if fmt == "verbose_json":
         payload |= {
             "task": "transcribe",
-            "language": body.language or "unknown",
-            "duration": round(clip.size / AUDIO_INPUT_RATE, 3),
-            "segments": [],
+            "language": language,
+            "duration": round(duration, 3),
+            "segments": [
+                {"id": i, "start": round(a, 3), "end": round(b, 3), "text": t}
+                for i, (a, b, t) in enumerate(segments)
+            ],
         }
     if result.finished is not None:
         payload["usage"] = {
@@ -81,3 +117,82 @@ async def transcriptions(request: Request) -> Response:
             "total_tokens": result.finished.prompt_tokens + result.finished.completion_tokens,
         }
     return Response(orjson.dumps(payload), media_type="application/json")
+
+
+LANGUAGE_MARK = "\x00language:"  # worker.models.qwen3_asr.stages: a clip's language
+CLIP_SECONDS = 30.0
+_SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+
+
+def _model_type(service) -> str | None:
+    from worker.api.speech import _model_type as model_type
+
+    return model_type(service)
+
+
+def _split(deltas: list[str]) -> tuple[list[str], list[str]]:
+    languages, texts = [], []
+    for d in deltas:
+        if d.startswith(LANGUAGE_MARK):
+            languages.append(d[len(LANGUAGE_MARK) :])
+        else:
+            texts.append(d)
+    return languages, texts
+
+
+def _segments(texts: list[str], duration: float) -> list[tuple[float, float, str]]:
+    out = []
+    for i, t in enumerate(texts):
+        start = i * CLIP_SECONDS
+        out.append((start, min(duration, start + CLIP_SECONDS), t.strip()))
+    return [s for s in out if s[2]]
+
+
+def _stamp(seconds: float, sep: str) -> str:
+    ms = round(seconds * 1000)
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def _subtitles(segments: list[tuple[float, float, str]], fmt: str) -> str:
+    if fmt == "srt":
+        blocks = [
+            f"{i + 1}\n{_stamp(a, ',')} --> {_stamp(b, ',')}\n{t}\n"
+            for i, (a, b, t) in enumerate(segments)
+        ]
+        return "\n".join(blocks)
+    cues = [f"{_stamp(a, '.')} --> {_stamp(b, '.')}\n{t}\n" for a, b, t in segments]
+    return "WEBVTT\n\n" + "\n".join(cues)
+
+
+async def _sse(service, gen: GenerationRequest, ticket):
+    texts: list[str] = []
+    finished = None
+    try:
+        async with events(service, gen) as stream:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    ticket.text()
+                    if event.text.startswith(LANGUAGE_MARK) or not event.text:
+                        continue
+                    delta = (" " if texts else "") + event.text
+                    texts.append(event.text)
+                    payload = {"type": "transcript.text.delta", "delta": delta}
+                    yield b"data: " + orjson.dumps(payload) + b"\n\n"
+                elif isinstance(event, Finished):
+                    finished = event
+        done: dict = {"type": "transcript.text.done", "text": " ".join(texts)}
+        if finished is not None:
+            done["usage"] = {
+                "type": "tokens",
+                "input_tokens": finished.prompt_tokens,
+                "output_tokens": finished.completion_tokens,
+                "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+            }
+        yield b"data: " + orjson.dumps(done) + b"\n\n"
+    except StageFailed as exc:
+        yield b"data: " + orjson.dumps(error_body(*stage_error(exc))) + b"\n\n"
+    finally:
+        ticket.release()

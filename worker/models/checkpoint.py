@@ -86,6 +86,11 @@ def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> Non
     if tts_tiny.is_tiny(model_dir):  # Qwen3-TTS: not in transformers; our classes, its layout
         tts_tiny.build_checkpoint(model_dir, out, seed)
         return
+    from worker.models.qwen3_asr import tiny as asr_tiny
+
+    if asr_tiny.is_tiny(model_dir):  # Qwen3-ASR: our classes, the published layout
+        asr_tiny.build_checkpoint(model_dir, out, seed)
+        return
     for sub in component_dirs(spec):
         src, dst = model_dir / sub, out / sub
         cls = model_class(src)

@@ -49,4 +49,8 @@ def _family(ctx: StageContext):
         from worker.models import qwen3_tts
 
         return qwen3_tts
+    if model_type == "qwen3_asr":
+        from worker.models import qwen3_asr
+
+        return qwen3_asr
     return None

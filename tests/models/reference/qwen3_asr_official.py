@@ -1,0 +1,152 @@
+"""Runs inside the reference venv (scripts/reference_venv.sh): the official ``qwen-asr`` package.
+
+    python qwen3_asr_official.py jobs JOBS.json
+        {"cmd": "build", "config_dir", "out", "seed"}: a tiny checkpoint built with the official
+        Qwen3ASRForConditionalGeneration and written by its save_pretrained, with a byte-level
+        Qwen2 tokenizer (the audio and role tokens the tiny configs name), a chat template and
+        the Whisper feature extractor: Qwen3ASRProcessor.save_pretrained.
+        {"cmd": "generate", "checkpoint", "requests", "out"}: Qwen3ASRModel.transcribe on each
+        request's 16 kHz audio (greedy), recording the generated token ids and the parsed
+        language and text.
+
+Never imported by omni-fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",  # 256
+    "<|im_start|>",  # 257
+    "<|im_end|>",  # 258
+    "<|audio_start|>",  # 259
+    "<|audio_end|>",  # 260
+    "<|audio_pad|>",  # 261
+    "<asr_text>",  # 262
+]
+ROLE_TOKENS = ["system", "user", "assistant"]  # 263..265
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _register():
+    from qwen_asr.core.transformers_backend import (
+        Qwen3ASRConfig,
+        Qwen3ASRForConditionalGeneration,
+        Qwen3ASRProcessor,
+    )
+    from transformers import AutoConfig, AutoModel, AutoProcessor
+
+    AutoConfig.register("qwen3_asr", Qwen3ASRConfig)
+    AutoModel.register(Qwen3ASRConfig, Qwen3ASRForConditionalGeneration)
+    AutoProcessor.register(Qwen3ASRConfig, Qwen3ASRProcessor)
+
+
+def build(config_dir: Path, out: Path, seed: int) -> None:
+    from qwen_asr.core.transformers_backend import (
+        Qwen3ASRConfig,
+        Qwen3ASRForConditionalGeneration,
+        Qwen3ASRProcessor,
+    )
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast, WhisperFeatureExtractor
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    config = Qwen3ASRConfig(**json.loads((config_dir / "config.json").read_text()))
+    model = Qwen3ASRForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    model.save_pretrained(tmp)
+
+    byte_chars = bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
+    fast = Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        unk_token=None,
+        bos_token=None,
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        extra_special_tokens={
+            "audio_token": "<|audio_pad|>",
+            "audio_bos_token": "<|audio_start|>",
+            "audio_eos_token": "<|audio_end|>",
+        },
+    )
+    fe = WhisperFeatureExtractor(
+        **{
+            k: v
+            for k, v in json.loads((config_dir / "preprocessor_config.json").read_text()).items()
+            if k not in ("processor_class", "feature_extractor_type")
+        }
+    )
+    processor = Qwen3ASRProcessor(feature_extractor=fe, tokenizer=fast, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(tmp)
+    shutil.copyfile(config_dir / "config.json", tmp / "config.json")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
+    from qwen_asr import Qwen3ASRModel
+
+    _register()
+    requests = json.loads(requests_path.read_text())
+    result: dict = {}
+    for i, req in enumerate(requests):
+        asr = Qwen3ASRModel.from_pretrained(
+            str(checkpoint), dtype=torch.float32, device_map="cpu",
+            max_new_tokens=req["max_new_tokens"],
+        )  # fmt: skip
+        captured = []
+        original = asr.model.generate
+
+        def wrapped(*args, _orig=original, _cap=captured, **kwargs):
+            res = _orig(*args, **kwargs)
+            _cap.append((kwargs["input_ids"].shape[1], res.sequences))
+            return res
+
+        asr.model.generate = wrapped
+        wav = np.load(req["audio"]).astype(np.float32)
+        res = asr.transcribe(audio=(wav, 16000), language=req.get("language"))
+        prompt_len, seqs = captured[-1]
+        result[f"{i}.tokens"] = seqs[0, prompt_len:].cpu().numpy()
+        result[f"{i}.prompt"] = seqs[0, :prompt_len].cpu().numpy()
+        result[f"{i}.text"] = np.asarray(res[0].text)
+        result[f"{i}.language"] = np.asarray(res[0].language)
+    np.savez(out, **result)
+
+
+def jobs(path: Path) -> None:
+    for job in json.loads(path.read_text()):
+        if job["cmd"] == "build":
+            build(Path(job["config_dir"]), Path(job["out"]), int(job["seed"]))
+        else:
+            generate(Path(job["checkpoint"]), Path(job["requests"]), Path(job["out"]))
+
+
+if __name__ == "__main__":
+    jobs(Path(sys.argv[2]))

@@ -1,0 +1,151 @@
+"""Qwen3-ASR served by omni-worker equals the official ``qwen-asr`` package.
+
+Tiny checkpoints are written by the official ``Qwen3ASRForConditionalGeneration`` and
+``Qwen3ASRProcessor`` (their ``save_pretrained``, in the reference venv of
+``scripts/reference_venv.sh``); the package's ``Qwen3ASRModel.transcribe`` runs greedily on the
+same 16 kHz audio, with and without a language hint. omni-fleet's own classes load the same
+directories: its processor must build the same prompt token for token, its greedy decode must
+produce the same transcript tokens (two sizes: tied and untied embeddings, widths, depths), and
+a real worker must answer ``/v1/audio/transcriptions`` with the package's text and language.
+Bad input (corrupt, empty or over-long audio, unknown language, unsupported format) is a 400.
+"""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.models import qwen3_tts_reference as ref
+from tests.worker_procs import WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+SCRIPT = ref.REPO / "tests" / "models" / "reference" / "qwen3_asr_official.py"
+NAMES = ["tiny-qwen3-asr", "tiny-qwen3-asr-wide"]
+MAX_NEW = 12
+RATE = 16_000
+
+
+def _audio(seconds: float, seed: int) -> np.ndarray:
+    """A chirp with noise, as the worker decodes it from a 16-bit wav (the same samples)."""
+    t = np.arange(int(RATE * seconds)) / RATE
+    noise = np.random.default_rng(seed).standard_normal(t.size)
+    wav = 0.4 * np.sin(2 * np.pi * (200 + 150 * t) * t) + 0.05 * noise
+    return sf.read(io.BytesIO(_wav(wav)), dtype="float32")[0]
+
+
+def _wav(samples: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.asarray(samples, np.float32), RATE, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+REQUESTS = [
+    {"seconds": 2.2, "seed": 0, "language": None},
+    {"seconds": 3.7, "seed": 1, "language": "German"},
+    {"seconds": 3.7, "seed": 1, "language": None},
+]
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("qwen3-asr-official")
+    checkpoints = ref.official_checkpoints(NAMES, tmp, SCRIPT)
+    reqs = []
+    for i, r in enumerate(REQUESTS):
+        np.save(tmp / f"a{i}.npy", _audio(r["seconds"], r["seed"]))
+        reqs.append({"audio": str(tmp / f"a{i}.npy"), "max_new_tokens": MAX_NEW,
+                     "language": r["language"]})  # fmt: skip
+    results = ref.official_generate({n: reqs for n in NAMES}, checkpoints, tmp, SCRIPT)
+    return {"checkpoints": checkpoints, "results": results, "tmp": tmp}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
+    import json
+
+    import torch
+
+    from worker.models.qwen3_asr.modeling import Qwen3ASRModel, greedy
+    from worker.models.qwen3_asr.processor import ASRProcessor
+    from worker.models.qwen3_asr.stages import EOS
+    from worker.models.qwen3_tts.weights import load_into
+
+    ck = official["checkpoints"][name]
+    with torch.device("meta"):
+        model = Qwen3ASRModel(json.loads((ck / "config.json").read_text()))
+    load_into(model, ck)
+    model.eval()
+    proc = ASRProcessor(ck)
+    res = official["results"][name]
+    for i, r in enumerate(REQUESTS):
+        (clip,) = proc.clips(_audio(r["seconds"], r["seed"]), proc.language(r["language"]))
+        assert clip.ids == res[f"{i}.prompt"].tolist(), f"prompt {i}"
+        tokens = greedy(model, clip.ids, clip.features, MAX_NEW, set(EOS))
+        assert tokens == res[f"{i}.tokens"].tolist(), f"request {i}"
+        lang, text = proc.parse(proc.decode(tokens), r["language"])
+        assert text == str(res[f"{i}.text"]) and lang == str(res[f"{i}.language"])
+
+
+def test_worker_transcription_equals_official(official: dict) -> None:
+    name = NAMES[1]
+    tmp = official["tmp"]
+    import yaml
+
+    spec = yaml.safe_load((ref.REPO / "configs" / "models" / "tiny-qwen3-asr.yaml").read_text())
+    spec["model_dir"] = str(official["checkpoints"][name])
+    spec["stages"]["asr"]["engine"]["max_new_tokens"] = MAX_NEW
+    path = tmp / "asr.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    res = official["results"][name]
+    worker = WorkerProcess(
+        "--spec", str(path), "--gpus", "cpu", "--cache-dir", str(tmp), "--max-audio-seconds", "40"
+    )  # fmt: skip
+    url = worker.url + "/v1/audio/transcriptions"
+
+    def post(data: bytes, **fields) -> httpx.Response:
+        form = {"model": "tiny-qwen3-asr", **{k: str(v) for k, v in fields.items()}}
+        return httpx.post(url, data=form, files={"file": ("a.wav", data, "audio/wav")}, timeout=300)
+
+    try:
+        worker.wait_ready(timeout=300)
+        for i, r in enumerate(REQUESTS):
+            fields = {"response_format": "verbose_json"}
+            if r["language"]:
+                fields["language"] = r["language"]
+            got = post(_wav(_audio(r["seconds"], r["seed"])), **fields)
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["text"] == str(res[f"{i}.text"]), f"request {i}"
+            assert body["language"] == (str(res[f"{i}.language"]) or "unknown")
+        data = _wav(_audio(2.2, 0))
+        assert post(data, response_format="text").text == str(res["0.text"])
+        srt = post(data, response_format="srt")
+        assert srt.status_code == 200 and ("-->" in srt.text or not str(res["0.text"]).strip())
+        vtt = post(data, response_format="vtt")
+        assert vtt.status_code == 200 and vtt.text.startswith("WEBVTT")
+        form = {"model": "tiny-qwen3-asr", "stream": "true"}
+        files = {"file": ("a.wav", data, "audio/wav")}
+        with httpx.stream("POST", url, data=form, files=files, timeout=300) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert '"transcript.text.done"' in events[-1]
+        # 35 s: two 30 s clips, two segments' worth of decoding
+        long = post(_wav(np.tile(_audio(5.0, 2), 7)), response_format="verbose_json")
+        assert long.status_code == 200, long.text
+        assert long.json()["duration"] == 35.0
+        # bad input: each a clear 400
+        for bad, code in (
+            (post(b"RIFF\x00\x00junk" * 20), "invalid_audio"),
+            (post(_wav(np.zeros(0))), "invalid_audio"),
+            (post(_wav(np.tile(_audio(5.0, 3), 9))), "audio_too_long"),
+            (post(data, language="Klingon"), "invalid_request"),
+            (post(data, response_format="docx"), "invalid_request"),
+        ):
+            assert bad.status_code == 400, bad.text
+            assert bad.json()["error"]["code"] == code, bad.text
+    finally:
+        worker.stop()

@@ -1,0 +1,70 @@
+"""Embedded tiny Qwen3-ASR checkpoints: the published layout at toy size, seeded random weights
+(omni-fleet's classes, the official tensor names), a byte-level tokenizer with the audio and role
+tokens the tiny configs name, a chat template (system turn, user turn with the audio) and the
+Whisper feature extractor's config. Written once into the cache, then loaded like a real one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",  # 256
+    "<|im_start|>",  # 257
+    "<|im_end|>",  # 258
+    "<|audio_start|>",  # 259
+    "<|audio_end|>",  # 260
+    "<|audio_pad|>",  # 261
+    "<asr_text>",  # 262
+]
+ROLE_TOKENS = ["system", "user", "assistant"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def is_tiny(config_dir: Path) -> bool:
+    try:
+        return json.loads((config_dir / "config.json").read_text()).get("model_type") == "qwen3_asr"
+    except (OSError, ValueError):
+        return False
+
+
+def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from worker.models.qwen3_asr.modeling import Qwen3ASRModel
+
+    config = json.loads((config_dir / "config.json").read_text())
+    model = Qwen3ASRModel(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            base = torch.ones_like(p) if p.ndim == 1 and "norm" in _ else torch.zeros_like(p)
+            p.copy_(base + torch.randn(p.shape, generator=gen) * 0.2)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
+    byte_chars = bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    ).save_pretrained(out)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    for name in ("config.json", "preprocessor_config.json"):
+        shutil.copyfile(config_dir / name, out / name)
