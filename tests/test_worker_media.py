@@ -33,8 +33,49 @@ SPEC = ModelSpec.model_validate(
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Running]:
-    settings = WorkerSettings(_cli_parse_args=[], max_body_bytes=8_000_000)
+    settings = WorkerSettings(
+        _cli_parse_args=[],
+        max_body_bytes=8_000_000,
+        fetch_media_bytes=2_000_000,
+        fetch_media_timeout=1.0,
+    )
     yield from serve_in_thread(settings, spec=SPEC)
+
+
+@pytest.fixture(scope="module")
+def no_fetch() -> Iterator[Running]:
+    yield from serve_in_thread(WorkerSettings(_cli_parse_args=[], fetch_media=False), spec=SPEC)
+
+
+@pytest.fixture(scope="module")
+def media_server() -> Iterator[str]:
+    """A loopback HTTP server: /cat.png, /clip.mp4, /huge.png (3 MB), /slow.png (stalls)."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    files = {"/cat.png": png(40, 30), "/clip.mp4": mp4(frames=4), "/huge.png": b"x" * 3_000_000}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/slow.png":
+                time.sleep(3)
+            data = files.get(self.path)
+            if data is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -94,24 +135,22 @@ def refused(r: httpx.Response, words: str) -> None:
     ("part", "words"),
     [
         (image(url("image/png", b"not a png at all")), "cannot be decoded"),
+        (image(url("image/png", b"x" * 3_000_000)), "larger than"),
         (image(url("image/png", png(4097, 4097, "L"))), "exceeds"),
-        (image("https://example.com/cat.png"), "remote image URLs are not fetched"),
         (image(url("text/plain", b"hello")), "data:image/"),
         (image("data:image/png;base64,@@@@"), "not valid base64"),
         (video(url("video/mp4", b"\x00\x00\x00\x18ftypmp42garbage")), "cannot be decoded"),
         (video(url("video/mp4", mp4(frames=130, fps=2))), "exceeds 60 s"),
-        (video("http://example.com/clip.mp4"), "remote video URLs are not fetched"),
         (video(url("image/png", png(8, 8))), "data:video/"),
     ],
     ids=[
         "corrupt-image",
+        "oversize-data-url",
         "huge-image",
-        "remote-image",
         "not-an-image",
         "bad-base64",
         "corrupt-video",
         "long-video",
-        "remote-video",
         "not-a-video",
     ],
 )
@@ -131,3 +170,17 @@ def test_good_media_reaches_the_engine(worker: Running) -> None:
 def test_a_model_without_vision_refuses_images_and_video(text_only: Running) -> None:
     refused(chat(text_only, image(url("image/png", png(8, 8)))), "takes no image input")
     refused(chat(text_only, video(url("video/mp4", mp4(frames=2)))), "takes no video input")
+
+
+def test_media_urls_are_fetched_bounded_in_size_and_time(
+    worker: Running, media_server: str
+) -> None:
+    assert chat(worker, image(media_server + "/cat.png")).status_code == 200
+    assert chat(worker, video(media_server + "/clip.mp4")).status_code == 200
+    refused(chat(worker, image(media_server + "/huge.png")), "larger than 2000000 bytes")
+    refused(chat(worker, image(media_server + "/slow.png")), "took over 1 s")
+    refused(chat(worker, image(media_server + "/missing.png")), "HTTP 404")
+
+
+def test_fetching_can_be_turned_off(no_fetch: Running, media_server: str) -> None:
+    refused(chat(no_fetch, image(media_server + "/cat.png")), "does not fetch image URLs")

@@ -101,6 +101,15 @@ class WorkerSettings(OmniSettings):
     body_timeout: float = Field(
         60.0, gt=0, description="a request body that stalls this long gets 408 (slow clients)"
     )
+    fetch_media: bool = Field(
+        True, description="fetch http(s) image_url/video_url parts (off: such parts get 400)"
+    )
+    fetch_media_bytes: int = Field(
+        20 * 2**20, ge=1024, description="largest image or video fetched from a URL; over it: 400"
+    )
+    fetch_media_timeout: float = Field(
+        10.0, gt=0, description="seconds to fetch one image or video from a URL; over it: 400"
+    )
     token: SecretStr | None = Field(None, description="shared token (OMNI_WORKER_TOKEN)")
     session_window: float = Field(60.0, gt=0, description="a session counts as active this long")
 

@@ -26,9 +26,10 @@ from worker.api.common import (
 )
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
-from worker.api.images import decode_image_url
+from worker.api.images import decode_image
+from worker.api.media import media_bytes
 from worker.api.schemas import AudioPart, ChatRequest, ImagePart, TextPart, VideoPart
-from worker.api.video import decode_video_url
+from worker.api.video import decode_video
 from worker.api.voices import resolve_voice
 from worker.engine import (
     AUDIO_INPUT_RATE,
@@ -70,12 +71,14 @@ async def _messages(
             elif isinstance(part, ImagePart):
                 if Modality.IMAGE not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no image input", param)
-                image = await asyncio.to_thread(decode_image_url, part.image_url.url, param)
+                raw = await media_bytes(part.image_url.url, "image", service.settings, param)
+                image = await asyncio.to_thread(decode_image, raw, param)
                 images.append({"type": "image", "image": image})
             elif isinstance(part, VideoPart):
                 if Modality.VIDEO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no video input", param)
-                video = await asyncio.to_thread(decode_video_url, part.video_url.url, param)
+                raw = await media_bytes(part.video_url.url, "video", service.settings, param)
+                video = await asyncio.to_thread(decode_video, raw, param)
                 images.append({"type": "video", "video": video.frames, "fps": video.fps})
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
