@@ -11,7 +11,10 @@ from multiprocessing.connection import wait
 from worker.runtime import messages as m
 from worker.runtime.host import HostConfig, host_main
 
-_CTX = mp.get_context("spawn")
+# Stage processes fork from a server that has imported torch and transformers once
+# (worker/runtime/preload.py); "spawn" would import them again in every process.
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["worker.runtime.preload"])
 
 
 class StageProcess:
