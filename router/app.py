@@ -14,6 +14,7 @@ import random
 import signal
 import time
 
+from fleet.api_keys import API_KEY_ID_HEADER, api_key_id
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint
 from fleet.settings import redacted_url
@@ -154,6 +155,14 @@ class Router:
         if self.check_keys and not self.auth.accepts(auth):
             self.auth.refuse(client)
             return
+        if self.check_keys and endpoint is Endpoint.VOICES:  # per-key voice quotas and owners
+            assert auth is not None
+            fwd += (
+                API_KEY_ID_HEADER.encode(),
+                b": ",
+                api_key_id(auth[7:].strip()).encode(),
+                b"\r\n",
+            )
         if endpoint is Endpoint.REALTIME:
             self.fail(
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")

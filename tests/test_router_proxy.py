@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from fleet.api_keys import api_key_id
 from fleet.redis_server import free_port
 from tests.fakes.procs import FakeWorker, Router, chat, wait_for
 
@@ -223,6 +224,17 @@ def test_api_keys_worker_token_and_no_secrets_in_diagnostics_or_metrics(workers)
         seen = workers[0].stats()["headers_seen"]
         assert seen["x-omni-worker-token"][-1] == "worker-token-s3cret"
         assert "Bearer second-key" not in seen["authorization"]  # the router's key stays here
+        # voice uploads carry the key's id (never the key): workers charge per-key quotas to it;
+        # a client cannot claim another key's id
+        up = httpx.post(
+            router.url + "/v1/audio/voices",
+            headers={"authorization": "Bearer second-key", "x-omni-api-key-id": "forged"},
+            files={"file": ("v.wav", b"RIFF")},
+            data={"name": "v"},
+        )
+        assert up.status_code == 200, up.text
+        seen = workers[0].stats()["headers_seen"]
+        assert seen["x-omni-api-key-id"][-1] == api_key_id("second-key")
         assert httpx.get(router.url + "/diagnostics").status_code == 401
         diag = httpx.get(
             router.url + "/diagnostics", headers={"authorization": "Bearer client-key-s3cret"}

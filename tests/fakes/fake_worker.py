@@ -45,7 +45,11 @@ class State:
         self.requests = 0
         self.request_ids: list[str] = []
         self.sessions: dict[str, int] = {}
-        self.headers_seen: dict[str, list[str]] = {"x-omni-worker-token": [], "authorization": []}
+        self.headers_seen: dict[str, list[str]] = {
+            "x-omni-worker-token": [],
+            "authorization": [],
+            "x-omni-api-key-id": [],
+        }
         self.healthy = True
         self.break_after: int | None = None
         self.fail_status = 0  # answer every generation request with this status
@@ -161,6 +165,10 @@ class Conn(asyncio.Protocol):
         if path == "/v1/models":
             data = [{"id": m, "object": "model", "owned_by": a.id} for m in a.model]
             w(response(200, orjson.dumps({"object": "list", "data": data})))
+            return
+        if path == "/v1/audio/voices" and method == b"POST":  # only what the router forwarded
+            s.headers_seen["x-omni-api-key-id"].append(headers.get("x-omni-api-key-id", ""))
+            w(response(200, b'{"object":"voice"}'))
             return
         if path == "/v1/audio/transcriptions" and method == b"POST":
             doc = {
