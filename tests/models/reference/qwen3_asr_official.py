@@ -140,9 +140,32 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
     np.savez(out, **result)
 
 
+def bench(checkpoint: Path, audio: Path, n: int, max_new_tokens: int, out: Path) -> None:
+    """The package's own speed: ``n`` transcriptions one at a time, after one warm-up."""
+    import time
+
+    from qwen_asr import Qwen3ASRModel
+
+    _register()
+    asr = Qwen3ASRModel.from_pretrained(
+        str(checkpoint), dtype=torch.float32, device_map="cpu", max_new_tokens=max_new_tokens
+    )
+    wav = np.load(audio).astype(np.float32)
+    asr.transcribe(audio=(wav, 16000))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        asr.transcribe(audio=(wav, 16000))
+    wall = time.perf_counter() - t0
+    seconds = n * wav.size / 16000
+    out.write_text(json.dumps({"requests": n, "audio_seconds": seconds, "wall_seconds": wall}))
+
+
 def jobs(path: Path) -> None:
     for job in json.loads(path.read_text()):
-        if job["cmd"] == "build":
+        if job["cmd"] == "bench":
+            bench(Path(job["checkpoint"]), Path(job["audio"]), job["n"], job["max_new_tokens"],
+                  Path(job["out"]))  # fmt: skip
+        elif job["cmd"] == "build":
             build(Path(job["config_dir"]), Path(job["out"]), int(job["seed"]))
         else:
             generate(Path(job["checkpoint"]), Path(job["requests"]), Path(job["out"]))
