@@ -244,7 +244,9 @@ class TTSEngineExecutor(StageExecutor):
                 speaker_embedding=spk_emb,
                 ref_text=p.get("ref_text"),
                 ref_codes=None if ref_codes is None else torch.from_numpy(np.asarray(ref_codes)),
-                non_streaming=ref_codes is None,
+                # as the package's defaults: built-in voices take the text at once
+                # (generate_custom_voice), clones one text token per frame (generate_voice_clone)
+                non_streaming=p.get("ref_wav") is None,
             )
         except TTSInputError as exc:
             return [(INVALID, r.rid, f"{self.ctx.name}: {exc}")]
