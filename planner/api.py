@@ -63,7 +63,7 @@ def plan_spec(
     """
     loaded = load_spec(spec_path, overrides, override_file, model_dir)
     if _cpu_only(inventory):
-        moved = cpu_overrides(loaded.spec)
+        moved = cpu_overrides(loaded.spec, overrides)
         if moved:  # the user's own overrides come last and win
             loaded = load_spec(spec_path, (*moved, *overrides), override_file, model_dir)
     inv = resolve_inventory(inventory)
@@ -75,18 +75,24 @@ def _cpu_only(inventory: str | Path | Inventory | None) -> bool:
     return isinstance(inventory, str) and inventory.strip().lower() == "cpu"
 
 
-def cpu_overrides(spec: ModelSpec) -> list[str]:
+def cpu_overrides(spec: ModelSpec, given: Sequence[str] = ()) -> list[str]:
     """``--gpus cpu``: every stage of the spec on the CPU (a tiny checkpoint of a GPU model on
-    a laptop or CI), as ordinary overrides so that ``explain`` shows where they came from."""
+    a laptop or CI), as ordinary overrides so that ``explain`` shows where they came from. A
+    field the user overrides (``given``) is left to the user."""
+    # given as "--stage.field value", "--stage.field=value" or "stage.field=value"
+    named = {token.split("=", 1)[0].lstrip("-") for token in given}
     out: list[str] = []
     for name, stage in spec.stages.items():
-        if stage.device.value == "cpu":
+        if stage.device.value == "cpu" or f"{name}.device" in named:
             continue
-        out += [f"--{name}.device", "cpu", f"--{name}.gpus", "null"]
+        wanted = {"device": "cpu", "gpus": "null"}
         if stage.memory_share is not None:
-            out += [f"--{name}.memory_share", "null"]
+            wanted["memory_share"] = "null"
         if stage.tp_size != 1:
-            out += [f"--{name}.tp_size", "1"]
+            wanted["tp_size"] = "1"
+        for field, value in wanted.items():
+            if f"{name}.{field}" not in named:
+                out += [f"--{name}.{field}", value]
     return out
 
 

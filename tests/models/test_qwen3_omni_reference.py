@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -35,6 +37,34 @@ def _spec_for(model: str, tmp: Path) -> Path:
     path = tmp / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+@dataclass
+class Served:
+    worker: WorkerProcess
+    checkpoint: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Served]]:
+    """One worker per tiny checkpoint for the whole module (started on first use)."""
+    running: dict[str, Served] = {}
+
+    def get(model: str) -> Served:
+        if model not in running:
+            tmp = tmp_path_factory.mktemp(model)
+            cache = tmp / "cache"
+            spec = _spec_for(model, tmp)
+            worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(cache))
+            worker.wait_ready(timeout=240)
+            (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
+            running[model] = Served(worker, checkpoint)
+        return running[model]
+
+    yield get
+    for s in running.values():
+        s.worker.proc.terminate()
+        s.worker.wait_exit(60)
 
 
 def _input_audio() -> tuple[bytes, np.ndarray]:
@@ -78,30 +108,24 @@ def _video() -> tuple[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("kind", ["image", "video"])
-def test_visual_chat_equals_transformers_generate(kind: str, tmp_path: Path) -> None:
+def test_visual_chat_equals_transformers_generate(kind: str, served) -> None:
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     from worker.models.qwen3_omni.processor import OmniProcessor
 
     url, pixels = _image() if kind == "image" else _video()
-    cache = tmp_path / "cache"
-    worker = WorkerProcess("--spec", str(SPEC), "--gpus", "cpu", "--cache-dir", str(cache))
-    try:
-        worker.wait_ready(timeout=240)
-        part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
-        body = {
-            "model": "tiny-omni",
-            "messages": [{"role": "user", "content": [part, {"type": "text", "text": PROMPT}]}],
-            "max_tokens": MAX_TOKENS,
-        }
-        r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
-        assert r.status_code == 200, r.text
-        reply = r.json()
-    finally:
-        worker.proc.terminate()
-        worker.wait_exit(60)
-    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
+    tiny = served("tiny-omni")
+    part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
+    body = {
+        "model": "tiny-omni",
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": PROMPT}]}],
+        "max_tokens": MAX_TOKENS,
+    }
+    r = httpx.post(tiny.worker.url + "/v1/chat/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    checkpoint = tiny.checkpoint
     proc = OmniProcessor(checkpoint)
     media = {"type": kind, kind: pixels, "fps": 2.0}
     prepared = proc.prepare(
@@ -195,41 +219,24 @@ def _reference(checkpoint: Path, audio: np.ndarray) -> tuple[str, int, np.ndarra
 
 
 @pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
-def test_worker_equals_transformers_generate(model: str, tmp_path: Path) -> None:
-    spec = _spec_for(model, tmp_path)
-    cache = tmp_path / "cache"
+def test_worker_equals_transformers_generate(model: str, served) -> None:
     wav_bytes, audio = _input_audio()
-    worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(cache))
-    try:
-        worker.wait_ready(timeout=240)
-        body = {
-            "model": model.replace("tiny-omni-wide", "tiny-omni"),
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "input_audio",
-                            "input_audio": {
-                                "data": base64.b64encode(wav_bytes).decode(),
-                                "format": "wav",
-                            },
-                        },
-                        {"type": "text", "text": PROMPT},
-                    ],
-                }
-            ],
-            "max_tokens": MAX_TOKENS,
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "wav"},
-        }
-        r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
-        assert r.status_code == 200, r.text
-        reply = r.json()
-    finally:
-        worker.proc.terminate()
-        worker.wait_exit(60)
-    (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
+    tiny = served(model)
+    audio_part = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav_bytes).decode(), "format": "wav"},
+    }
+    body = {
+        "model": "tiny-omni",
+        "messages": [{"role": "user", "content": [audio_part, {"type": "text", "text": PROMPT}]}],
+        "max_tokens": MAX_TOKENS,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"},
+    }
+    r = httpx.post(tiny.worker.url + "/v1/chat/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    checkpoint = tiny.checkpoint
     text, n_tokens, ref_wav = _reference(checkpoint, audio)
     message = reply["choices"][0]["message"]
     assert n_tokens > 0

@@ -91,6 +91,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     _calibrate_code2wav(model.code2wav)
     _printable_thinker(model.thinker.lm_head, config.im_end_token_id)
+    _distinct_speakers(model.talker, config.talker_config.speaker_id.values())
     # Small shards: the tiny checkpoint goes through the index like a 35 B one does.
     model.save_pretrained(out, max_shard_size="1MB")
     build_tokenizer(out)
@@ -116,6 +117,16 @@ def _printable_thinker(lm_head, end_of_turn: int) -> None:
         end = lm_head.weight[end_of_turn].clone()
         lm_head.weight[~keep] = 0.0
         lm_head.weight[end_of_turn] = 0.5 * end  # replies end now and then, not at once
+
+
+def _distinct_speakers(talker, speaker_ids) -> None:
+    """A random speaker row is one input among many in the talker's prompt and barely moves its
+    argmax; scale the speakers' rows up so the toy model's built-in voices sound different."""
+    import torch
+
+    rows = torch.tensor(list(speaker_ids))
+    with torch.no_grad():
+        talker.get_input_embeddings().weight[rows] *= 8.0
 
 
 def _calibrate_code2wav(code2wav) -> None:
