@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,6 @@ from planner.spec import ModelSpec, resolve_model_dir
 SEED_FILE = "seeded_weights.json"
 BUILDER_VERSION = "3"  # bump when the way weights are built changes
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-def component_dirs(spec: ModelSpec) -> list[str]:
-    """Distinct component sub-directories of the spec, in spec order ('' = model_dir itself)."""
-    seen: list[str] = []
-    for stage in spec.stages.values():
-        if stage.component is not None and stage.component.config_dir not in seen:
-            seen.append(stage.component.config_dir)
-    return seen
 
 
 def config_digest(model_dir: Path) -> str:
@@ -70,10 +60,7 @@ def resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, log=pr
 
 
 def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> None:
-    import torch
     from transformers.utils import logging as hf_logging
-
-    from worker.models.tokenizer import build_byte_tokenizer
 
     hf_logging.disable_progress_bar()
     from worker.models.qwen3_omni import tiny
@@ -91,50 +78,10 @@ def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> Non
     if asr_tiny.is_tiny(model_dir):  # Qwen3-ASR: our classes, the published layout
         asr_tiny.build_checkpoint(model_dir, out, seed)
         return
-    for sub in component_dirs(spec):
-        src, dst = model_dir / sub, out / sub
-        cls = model_class(src)
-        config = cls.config_class.from_pretrained(src)
-        # One seed per component so adding a component does not change the others' weights.
-        torch.manual_seed(seed + zlib.crc32(sub.encode()))
-        model = cls(config).eval()
-        _calibrate(model)
-        model.save_pretrained(dst)
-        for extra in src.iterdir():
-            if extra.is_file() and extra.name != "config.json":
-                shutil.copyfile(extra, dst / extra.name)
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
-        build_byte_tokenizer(out)
-    for extra in model_dir.iterdir():
-        if extra.is_file() and not (out / extra.name).exists():
-            shutil.copyfile(extra, out / extra.name)
-
-
-def _calibrate(model: Any) -> None:
-    """Random vocoders are near-silent or clipping; scale the last conv to an audible level."""
-    import torch
-
-    from worker.models import codec
-
-    if type(model).__name__ not in ("MimiModel", "Qwen3OmniMoeCode2Wav"):
-        return
-    for module in model.modules():
-        # Mimi's codebooks start as zeros (they are learned as running sums): every code would
-        # decode to the same sound. Seeded random codebooks make the codes matter.
-        if hasattr(module, "embed_sum") and hasattr(module, "cluster_usage"):
-            module.embed_sum.normal_()
-            module.cluster_usage.fill_(1.0)
-    gen = torch.Generator().manual_seed(0)
-    shape = (1, codec.num_quantizers(model), 24)
-    codes = torch.randint(0, model.config.codebook_size, shape, generator=gen)
-    with torch.no_grad():
-        conv = codec.last_conv(model)
-        for _ in range(3):  # the clamp makes it nonlinear near full scale
-            rms = codec.decode(model, codes).float().pow(2).mean().sqrt().item()
-            scale = 0.1 / max(rms, 1e-12)
-            conv.weight.mul_(scale)
-            if conv.bias is not None:
-                conv.bias.mul_(scale)
+    raise ValueError(
+        f"{model_dir}/{SEED_FILE}: no tiny-checkpoint builder knows this model "
+        "(Qwen3-Omni, Qwen3-TTS and Qwen3-ASR have one, under worker/models/)"
+    )
 
 
 def model_class(component_dir: Path) -> Any:

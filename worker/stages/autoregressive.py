@@ -1,4 +1,6 @@
-"""Autoregressive stages (thinker, talker) on transformers, batched at the step level.
+"""The autoregressive stage of a plain transformers language model (a bare checkpoint such as
+Qwen3-8B), batched at the step level. Model families with their own thinkers and talkers live
+under ``worker/models/``.
 
 Every ``step`` first prefills newly started requests one by one (each yields its first token at
 once and joins the batch), then runs ONE batched decode step for all running requests, so a new
@@ -6,10 +8,8 @@ request never waits for the running ones to finish. Greedy decoding (argmax) wit
 checkpoint's ``generation_config.json`` ``suppress_tokens``/``eos_token_id``: the same request
 gives the same tokens on every worker.
 
-What a request feeds the model is a ``Program``: ``TextProgram`` (thinker: a prompt, optional
-audio embeddings spliced in at the audio placeholder, streams tokens + hidden states) or
-``CodecProgram`` (talker: a speaker prefix, then per frame the previous codec code's embedding
-plus the thinker's hidden state for the text position, streamed in while the thinker runs).
+What a request feeds the model is a ``Program``: ``TextProgram`` (a prompt, optional audio
+embeddings spliced in at the audio placeholder; streams tokens, and hidden states if asked).
 """
 
 from __future__ import annotations
@@ -47,10 +47,6 @@ class ARRequest:
     prompt_len: int = 0  # positions the prompt took (audio placeholders expanded)
     audio: np.ndarray | None = None
     forced: bool = False
-    # codec program
-    speaker: np.ndarray | int | None = None
-    speaker_vec: Any = None  # (1, 1, H): prefix, and added to every frame's input
-    conds: list[np.ndarray] = field(default_factory=list)
     stream_ended: bool = False
     upstream_info: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +69,12 @@ class AutoregressiveExecutor(StageExecutor):
             if t < vocab:
                 self.suppress[t] = True
         streamed_into = any(self.ctx.name in s.stream_to for s in self.ctx.spec.stages.values())
-        self.program: Program = CodecProgram(self) if streamed_into else TextProgram(self)
+        if streamed_into:
+            raise ValueError(
+                f"stage {self.ctx.name}: a stage fed by a stream (a talker) is model-specific; "
+                "its family under worker/models/ implements it"
+            )
+        self.program: Program = TextProgram(self)
         self.engine = self.ctx.stage.engine
         self.pending: list[ARRequest] = []
         self.running: dict[str, ARRequest] = {}
@@ -317,87 +318,3 @@ class TextProgram(Program):
             "prompt_tokens": r.prompt_len,
             "completion_tokens": r.generated,
         }
-
-
-class CodecProgram(Program):
-    """Talker: speaker prefix, then ``frames_per_token`` codec frames per streamed thinker state;
-    each frame's input is the previous code's embedding + that thinker state + the speaker."""
-
-    def __init__(self, ex: AutoregressiveExecutor) -> None:
-        super().__init__(ex)
-        cfg = ex.config
-        self.speakers: dict[str, int] = dict(getattr(cfg, "speaker_id", None) or {})
-        self.bos = int(getattr(cfg, "codec_bos_id", 0))
-        self.fpt = int(getattr(cfg, "frames_per_token", 1))
-
-    def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest:
-        payload: dict[str, Any] = {}
-        for p in inputs.values():
-            payload.update(p)
-        eng = self.ex.engine
-        r = ARRequest(rid, meta, max_new=eng.max_new_tokens, last=self.bos)
-        r.speaker = payload.get("speaker_embed")
-        voice = meta.voice or payload.get("voice")
-        if r.speaker is None:
-            name = (voice or next(iter(self.speakers), "")).lower()
-            if name not in self.speakers:
-                r.upstream_info["error"] = (
-                    f"unknown voice {voice!r}; built-in: {sorted(self.speakers)}"
-                )
-            else:
-                r.speaker = self.speakers[name]
-        return r
-
-    def feed(self, r: ARRequest, data: Any) -> None:
-        hidden = data.get("hidden")
-        if hidden is None:
-            raise ValueError(f"stage {self.ex.ctx.name}: upstream sent no hidden states")
-        r.conds.extend(np.asarray(hidden, dtype=np.float32))
-
-    def prefill_embeds(self, r: ARRequest) -> Any:
-        torch = self.ex.torch
-        if "error" in r.upstream_info:
-            raise ValueError(r.upstream_info.pop("error"))
-        if isinstance(r.speaker, int):
-            vec = self.ex.embed(torch.tensor([[r.speaker]], device=self.ex.ctx.device))
-        else:
-            vec = torch.from_numpy(np.asarray(r.speaker, dtype=np.float32))
-            if vec.shape[-1] != self.ex.embed.weight.shape[1]:
-                raise ValueError(
-                    f"speaker vector of size {vec.shape[-1]} does not match the talker's "
-                    "hidden size"
-                )
-        r.speaker_vec = vec.to(self.ex.ctx.device, self.ex.embed.weight.dtype).view(1, 1, -1)
-        return r.speaker_vec
-
-    def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
-        self.ex.running[r.rid] = r  # the prefix only primes the cache; frames follow
-        return []
-
-    def ready(self, r: ARRequest) -> bool:
-        return r.generated // self.fpt < len(r.conds) and r.generated < r.max_new
-
-    def finished(self, r: ARRequest) -> bool:
-        if r.generated >= r.max_new:
-            return True
-        return r.stream_ended and r.generated >= self.fpt * len(r.conds)
-
-    def finish(self, r: ARRequest) -> list[Output]:
-        info = dict(r.upstream_info)
-        info["frames"] = r.generated
-        if r.generated >= r.max_new and not (
-            r.stream_ended and r.generated >= self.fpt * len(r.conds)
-        ):
-            info["finish_reason"] = "length"
-        return [(END, r.rid, info), (DONE, r.rid, info)]
-
-    def step_embeds(self, r: ARRequest) -> Any:
-        torch = self.ex.torch
-        e = self.ex.embed(torch.tensor([[r.last]], device=self.ex.ctx.device))
-        cond = torch.from_numpy(r.conds[r.generated // self.fpt]).to(e.device, e.dtype)
-        return e + cond.view(1, 1, -1) + r.speaker_vec
-
-    def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]:
-        r.generated += 1
-        r.last = token
-        return [(CHUNK, r.rid, {"codes": [token]})]

@@ -17,18 +17,17 @@ def make_executor(ctx: StageContext) -> StageExecutor:
         return SGLangExecutor(ctx)
     if kind == Executor.PREPROCESS:
         from worker.stages.preprocess import PreprocessExecutor as cls
-    elif kind == Executor.ENCODER:
-        from worker.stages.encoder import EncoderExecutor as cls
     elif kind == Executor.AUTOREGRESSIVE:
         from worker.stages.autoregressive import AutoregressiveExecutor as cls
     elif kind == Executor.DECODE:
         from worker.stages.decode import DecodeExecutor as cls
-    elif kind == Executor.VOCODER:
-        from worker.stages.vocoder import VocoderExecutor as cls
     elif kind == Executor.AGGREGATE:
         from worker.stages.aggregate import AggregateExecutor as cls
-    else:  # pragma: no cover - the spec's enum is exhaustive
-        raise ValueError(f"no executor for {kind!r}")
+    else:  # encoders and vocoders are model-specific: their family implements them
+        raise ValueError(
+            f"stage {ctx.name}: a {kind} stage needs a model family under worker/models/ "
+            "(Qwen3-Omni, Qwen3-TTS, Qwen3-ASR); a plain transformers model has none"
+        )
     return cls(ctx)
 
 
