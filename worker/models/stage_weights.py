@@ -76,6 +76,24 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
+def _skeleton(config_dir: Path, torch_dtype: Any) -> Any:
+    """The whole model from its config, every parameter on the meta device."""
+    raw = json.loads((config_dir / "config.json").read_text())
+    cls = model_class(raw, config_dir)
+    config = cls.config_class.from_pretrained(config_dir)
+    with parameters_on_meta():
+        return cls._from_config(config, dtype=torch_dtype)
+
+
+def _cut(whole: Any, component: ComponentSpec) -> Any:
+    """The component's module without the sub-modules other stages hold."""
+    module = whole.get_submodule(component.module) if component.module else whole
+    for name in component.exclude:
+        parent, _, leaf = name.rpartition(".")
+        delattr(module.get_submodule(parent) if parent else module, leaf)
+    return module
+
+
 def model_class(config: dict[str, Any], where: Path) -> Any:
     import transformers
 
@@ -106,12 +124,8 @@ def load_stage_module(
     from transformers.modeling_utils import LoadStateDictConfig
 
     config_dir = model_dir / component.config_dir if component.config_dir else model_dir
-    raw = json.loads((config_dir / "config.json").read_text())
-    cls = model_class(raw, config_dir)
-    config = cls.config_class.from_pretrained(config_dir)
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    with parameters_on_meta():
-        whole = cls._from_config(config, dtype=torch_dtype)
+    whole = _skeleton(config_dir, torch_dtype)
     mapping = get_model_conversion_mapping(whole)
     renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
     converters = [m for m in mapping if isinstance(m, WeightConverter)]
@@ -132,10 +146,7 @@ def load_stage_module(
         dtype=torch_dtype, weight_mapping=mapping, device_map={"": device}
     )
     convert_and_load_state_dict_in_model(model=whole, state_dict=state, load_config=load_config)
-    module = whole.get_submodule(component.module) if component.module else whole
-    for name in component.exclude:
-        parent, _, leaf = name.rpartition(".")
-        delattr(module.get_submodule(parent) if parent else module, leaf)
+    module = _cut(whole, component)
     still_meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
     if still_meta:
         raise CheckpointError(
@@ -156,16 +167,9 @@ def random_stage_module(
     import torch
 
     config_dir = model_dir / component.config_dir if component.config_dir else model_dir
-    raw = json.loads((config_dir / "config.json").read_text())
-    cls = model_class(raw, config_dir)
-    config = cls.config_class.from_pretrained(config_dir)
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    with parameters_on_meta():
-        whole = cls._from_config(config, dtype=torch_dtype)
-    module = whole.get_submodule(component.module) if component.module else whole
-    for name in component.exclude:
-        parent, _, leaf = name.rpartition(".")
-        delattr(module.get_submodule(parent) if parent else module, leaf)
+    whole = _skeleton(config_dir, torch_dtype)
+    module = _cut(whole, component)
     gen = torch.Generator(device=device).manual_seed(seed)
     elements = 0
     replaced: dict[int, Any] = {}
