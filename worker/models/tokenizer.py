@@ -7,6 +7,7 @@ byte-level BPE without merges, saved with ``save_pretrained`` so that the stages
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = [
@@ -25,9 +26,17 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_byte_tokenizer(out_dir: Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json for the byte-level vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def build_byte_tokenizer(
+    out_dir: Path,
+    specials: Sequence[str] = SPECIAL_TOKENS,
+    words: Sequence[str] = (),
+    chat_template: str | None = CHAT_TEMPLATE,
+    extra_special_tokens: dict[str, str] | None = None,
+) -> None:
+    """Write tokenizer.json + tokenizer_config.json for the byte-level vocabulary: ids 0..255
+    the bytes, then ``specials``, then ``words`` (whole words as one token each, as a real
+    vocabulary has them, e.g. Qwen's role names)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -36,12 +45,12 @@ def build_byte_tokenizer(out_dir: Path) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        bos_token="<|im_start|>",
-        chat_template=CHAT_TEMPLATE,
-    )
-    fast.save_pretrained(out_dir)
+    tok.add_special_tokens(list(specials))
+    if words:
+        tok.add_tokens([AddedToken(t, normalized=False) for t in words])
+    kwargs: dict = {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    if extra_special_tokens:
+        kwargs["extra_special_tokens"] = extra_special_tokens
+    PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(out_dir)

@@ -40,11 +40,9 @@ def is_tiny(config_dir: Path) -> bool:
 def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel
+    from worker.models.tokenizer import build_byte_tokenizer
 
     config = json.loads((config_dir / "config.json").read_text())
     model = Qwen3ASRModel(config)
@@ -55,16 +53,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
             p.copy_(base + torch.randn(p.shape, generator=gen) * 0.2)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
-    byte_chars = bytes_to_unicode()
-    vocab = {byte_chars[b]: b for b in range(256)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>"
-    ).save_pretrained(out)
+    build_byte_tokenizer(out, SPECIAL_TOKENS, ROLE_TOKENS, chat_template=None)
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     for name in ("config.json", "preprocessor_config.json"):
         shutil.copyfile(config_dir / name, out / name)

@@ -49,24 +49,15 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer(out_dir: Path) -> None:
-    """A byte-level BPE (ids 0..255 = bytes) with Qwen3-Omni's special tokens, saved like a
+    """A byte-level tokenizer with Qwen3-Omni's special tokens and chat template, saved like a
     real one so that ``AutoTokenizer.from_pretrained`` loads it."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from worker.models.tokenizer import build_byte_tokenizer
 
-    byte_chars = bytes_to_unicode()
-    vocab = {byte_chars[b]: b for b in range(256)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        chat_template=CHAT_TEMPLATE,
+    build_byte_tokenizer(
+        out_dir,
+        SPECIAL_TOKENS,
+        ROLE_TOKENS,
+        CHAT_TEMPLATE,
         extra_special_tokens={
             "audio_token": "<|audio_pad|>",
             "image_token": "<|image_pad|>",
@@ -77,7 +68,6 @@ def build_tokenizer(out_dir: Path) -> None:
             "vision_eos_token": "<|vision_end|>",
         },
     )
-    fast.save_pretrained(out_dir)
 
 
 def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
@@ -95,12 +85,10 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     # Small shards: the tiny checkpoint goes through the index like a 35 B one does.
     model.save_pretrained(out, max_shard_size="1MB")
     build_tokenizer(out)
+    # the processor's files; not the seed file: the result is an ordinary checkpoint
     for extra in config_dir.iterdir():
-        if (
-            extra.is_file()
-            and extra.name not in ("config.json",)
-            and not (out / extra.name).exists()
-        ):
+        skip = ("config.json", "seeded_weights.json")
+        if extra.is_file() and extra.name not in skip and not (out / extra.name).exists():
             shutil.copyfile(extra, out / extra.name)
 
 

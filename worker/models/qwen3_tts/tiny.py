@@ -38,20 +38,9 @@ def is_tiny(config_dir: Path) -> bool:
 
 
 def build_tokenizer(out: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from worker.models.tokenizer import build_byte_tokenizer
 
-    byte_chars = bytes_to_unicode()
-    vocab = {byte_chars[b]: b for b in range(256)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>"
-    ).save_pretrained(out)
+    build_byte_tokenizer(out, SPECIAL_TOKENS, ROLE_TOKENS, chat_template=None)
 
 
 def _old_mimi_name(name: str) -> str:
