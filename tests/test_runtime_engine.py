@@ -171,6 +171,18 @@ async def test_invalid_requests_are_refused_and_engine_serves_on(engine: Pipelin
     assert isinstance((await collect(engine, chat("good", max_tokens=2)))[-1], Finished)
 
 
+async def test_prompt_over_the_context_is_refused_before_the_encoders(
+    engine: PipelineEngine,
+) -> None:
+    long = [{"role": "user", "content": "x" * 2100}]  # byte tokens: over the 2048 context
+    with pytest.raises(RequestInvalid, match="exceeds the context length 2048"):
+        await collect(engine, GenerationRequest("too-long", RequestKind.CHAT, messages=long))
+    reached = {stage for _, stage, what in engine.trace["too-long"] if what == "<-start"}
+    # refused where the tokens were counted: no encoder or thinker was started
+    assert "preprocessing" in reached
+    assert not reached & {"image_encoder", "audio_encoder", "thinker"}
+
+
 async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
     speech = GenerationRequest(
         "tts", RequestKind.SPEECH, text="Testing one two three.", voice="chelsie",

@@ -76,6 +76,9 @@ def stage_error(exc: StageFailed) -> tuple[int, ErrorCode, str]:
     """Status, code and message for a failure raised out of the pipeline: the client's fault
     (``RequestInvalid``, 400) or the worker's (503)."""
     if isinstance(exc, RequestInvalid):
+        # the stages' one sentence for a prompt that cannot fit (tokens counted in the stage)
+        if "exceeds the context length" in str(exc):
+            return 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(exc)
         return 400, ErrorCode.INVALID_REQUEST, str(exc)
     return 503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}"
 

@@ -20,6 +20,15 @@ TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 class OmniPreprocess(StageExecutor):
     def load(self) -> None:
         self.processor = OmniProcessor(self.ctx.checkpoint)
+        # the thinker's context: a prompt that cannot fit is refused before any encoder runs
+        self.context_length = next(
+            (
+                s.engine.context_length
+                for s in self.ctx.spec.stages.values()
+                if s.component is not None and s.component.module == "thinker"
+            ),
+            None,
+        )
         self.pending: list[tuple[str, RequestMeta, dict]] = []
 
     def warmup(self) -> None:
@@ -76,6 +85,11 @@ class OmniPreprocess(StageExecutor):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
         prepared = self.processor.prepare(messages).payload()
+        n = len(prepared["input_ids"])
+        if self.context_length is not None and n >= self.context_length:
+            raise ValueError(
+                f"prompt of {n} tokens exceeds the context length {self.context_length}"
+            )
         prepared["voice"] = req.get("voice")
         if forced is not None:
             prepared["forced_ids"] = forced
