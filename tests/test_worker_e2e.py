@@ -346,12 +346,13 @@ def test_bad_inputs_on_the_real_worker(workers, sdk_a: openai.OpenAI) -> None:
         json={"model": MODEL, "messages": [{"role": "user", "content": 5}]},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
-    # a prompt over the thinker's context length is refused by the stage: the client's error
+    # a prompt over the thinker's context length is refused where its tokens are counted, with
+    # OpenAI's code for it: the client's error
     with pytest.raises(openai.BadRequestError) as err:
         sdk_a.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "word " * 3000}]
         )
-    assert err.value.body["code"] == "invalid_request"
+    assert err.value.body["code"] == "context_length_exceeded"
     assert "context length" in err.value.body["message"]
     # unauthenticated
     r = httpx.get(a.url + "/v1/models", timeout=10)
