@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.qwen3_omni.processor import OmniProcessor
+from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
 from worker.stages.base import FINAL, INVALID, Output, RequestMeta, StageExecutor
 
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
@@ -81,7 +81,7 @@ class OmniPreprocess(StageExecutor):
                 req.get("audio") is not None
             ):  # audio sent beside the messages joins the last user turn
                 _attach(messages, {"type": "audio", "audio": req["audio"]})
-        for part in _media(messages, "audio"):
+        for part in media_parts(messages, "audio"):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
         prepared = self.processor.prepare(messages).payload()
@@ -106,13 +106,3 @@ def _attach(messages: list[dict[str, Any]], part: dict[str, Any]) -> None:
     if not isinstance(content, list):
         content = [{"type": "text", "text": content or ""}] if content else []
     last["content"] = [part, *content]
-
-
-def _media(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for m in messages
-        if isinstance(m.get("content"), list)
-        for p in m["content"]
-        if p.get("type") == kind
-    ]

@@ -68,8 +68,8 @@ class OmniProcessor:
     def prepare(self, messages: list[dict[str, Any]]) -> Prepared:
         """Messages whose content is a string or a list of parts: ``text``, ``audio`` (float32 at
         16 kHz under ``audio``) and ``image`` (uint8 HxWx3 under ``image``)."""
-        clips = [p["audio"] for p in _parts(messages, "audio")]
-        pictures = [p["image"] for p in _parts(messages, "image")]
+        clips = [p["audio"] for p in media_parts(messages, "audio")]
+        pictures = [p["image"] for p in media_parts(messages, "image")]
         ids = self.tokenizer.encode(self.chat_text(messages), add_special_tokens=False)
         out = Prepared(input_ids=[])
         counts: dict[int, list[int]] = {}
@@ -99,7 +99,7 @@ class OmniProcessor:
             out.image_grid = np.asarray(batch["image_grid_thw"], dtype=np.int64)
             merge = int(self.images.merge_size) ** 2
             counts[self.image_token] = [int(g.prod()) // merge for g in out.image_grid]
-        videos = _parts(messages, "video")
+        videos = media_parts(messages, "video")
         if videos:
             patched = [self.video_patches(v["video"], v.get("fps", 2.0)) for v in videos]
             out.video_values = np.concatenate([p for p, _, _ in patched])
@@ -150,7 +150,7 @@ class OmniProcessor:
         return patches, np.array([gt, gh, gw], dtype=np.int64), tp / fps
 
 
-def _parts(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+def media_parts(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [
         p
         for m in messages
