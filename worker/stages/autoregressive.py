@@ -8,8 +8,8 @@ request never waits for the running ones to finish. Greedy decoding (argmax) wit
 checkpoint's ``generation_config.json`` ``suppress_tokens``/``eos_token_id``: the same request
 gives the same tokens on every worker.
 
-What a request feeds the model is a ``Program``: ``TextProgram`` (a prompt, optional audio
-embeddings spliced in at the audio placeholder; streams tokens, and hidden states if asked).
+What a request feeds the model is a ``Program``: ``TextProgram`` (a prompt; streams tokens,
+and hidden states if asked).
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ class ARRequest:
     want_hidden: bool = False
     # text program
     prompt: list[int] = field(default_factory=list)
-    prompt_len: int = 0  # positions the prompt took (audio placeholders expanded)
-    audio: np.ndarray | None = None
-    forced: bool = False
+    prompt_len: int = 0
     stream_ended: bool = False
     upstream_info: dict[str, Any] = field(default_factory=dict)
 
@@ -241,7 +239,7 @@ def _np(t: Any) -> np.ndarray:
 
 
 class TextProgram(Program):
-    """Thinker: prompt (+ audio embeddings) -> streamed tokens (+ hidden states for a talker)."""
+    """A prompt -> streamed tokens (+ hidden states when asked)."""
 
     def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest:
         (payload,) = inputs.values()
@@ -256,8 +254,6 @@ class TextProgram(Program):
             meta,
             max_new=max(1, limit),
             prompt=list(payload["input_ids"]),
-            audio=payload.get("audio_embeds"),
-            forced=payload.get("mode") == "forced",
             want_hidden="audio" in meta.outputs,
         )
 
@@ -265,29 +261,17 @@ class TextProgram(Program):
         torch = self.ex.torch
         ids = torch.tensor([r.prompt], device=self.ex.ctx.device)
         embeds = self.ex.embed(ids)
-        audio_id = getattr(self.ex.config, "audio_token_id", None)
-        if r.audio is not None:
-            where = [i for i, t in enumerate(r.prompt) if t == audio_id]
-            if audio_id is None or not where:
-                raise ValueError(f"stage {self.ex.ctx.name}: the prompt has no audio placeholder")
-            at = where[0]
-            audio = torch.from_numpy(np.asarray(r.audio)).to(embeds.device, embeds.dtype)
-            embeds = torch.cat([embeds[:, :at], audio[None], embeds[:, at + 1 :]], dim=1)
         room = self.ex.engine.context_length - embeds.shape[1]
-        if room <= 0 and not r.forced:
+        if room <= 0:
             raise ValueError(
                 f"prompt of {embeds.shape[1]} tokens exceeds the context length "
                 f"{self.ex.engine.context_length}"
             )
         r.max_new = min(r.max_new, max(room, 1))
-        r.prompt_len = embeds.shape[1]  # audio placeholders expanded: audio counts as prompt
+        r.prompt_len = embeds.shape[1]
         return embeds
 
     def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
-        if r.forced:  # speech: encode the given text, generate nothing
-            data = {"tokens": r.prompt, "hidden": _np(hidden) if hidden is not None else None}
-            info = self._info(r, "stop")
-            return [(CHUNK, r.rid, data), (END, r.rid, info), (DONE, r.rid, info)]
         self.ex.running[r.rid] = r
         return self.on_token(
             r, self.ex._pick(logits)[0], hidden[-1] if hidden is not None else None
