@@ -19,7 +19,7 @@ from typing import Any
 from planner.spec import ModelSpec, resolve_model_dir
 
 SEED_FILE = "seeded_weights.json"
-BUILDER_VERSION = "3"  # bump when the way weights are built changes
+BUILDER_VERSION = "4"  # bump when the way weights are built changes
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

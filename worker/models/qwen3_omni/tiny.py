@@ -79,6 +79,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     config = Qwen3OmniMoeConfig.from_pretrained(config_dir)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _initialise_talker_experts(model.talker, config.talker_config.text_config.initializer_range)
     _calibrate_code2wav(model.code2wav)
     _printable_thinker(model.thinker.lm_head, config.im_end_token_id)
     _distinct_speakers(model.talker, config.talker_config.speaker_id.values())
@@ -90,6 +91,21 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
         skip = ("config.json", "seeded_weights.json")
         if extra.is_file() and extra.name not in skip and not (out / extra.name).exists():
             shutil.copyfile(extra, out / extra.name)
+
+
+def _initialise_talker_experts(talker, std: float) -> None:
+    """transformers' ``_init_weights`` initialises the thinker's fused experts but not the
+    talker's: left alone they hold whatever memory ``torch.empty`` returned, so the checkpoint
+    (and every voice) would differ from build to build and machine to machine. Draw them, and
+    the talker's router (left at zero, which ties every expert), from the seeded generator."""
+    import torch
+
+    with torch.no_grad():
+        for layer in talker.model.layers:
+            moe = layer.mlp
+            if hasattr(moe, "experts"):
+                for weight in (moe.experts.gate_up_proj, moe.experts.down_proj, moe.gate.weight):
+                    weight.normal_(0.0, std)
 
 
 def _printable_thinker(lm_head, end_of_turn: int) -> None:

@@ -71,6 +71,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     st_dir = out / "speech_tokenizer"
     st_dir.mkdir(exist_ok=True)
     st_cfg = json.loads((config_dir / "speech_tokenizer" / "config.json").read_text())
+    torch.manual_seed(seed + 1)  # the layers' own initialisation, under which the noise is added
     st = SpeechTokenizer(st_cfg, with_encoder=True)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
