@@ -1,26 +1,60 @@
-"""Messages between the coordinator and stage processes (plain tuples: cheap to pickle).
+"""The one vocabulary of the pipeline runtime: what stages produce, and what the coordinator and
+the stage processes say to each other (plain tuples of strings and payloads: cheap to pickle).
 
-coordinator -> host (one multiprocessing queue per process; each put is a list of):
-  (START, stage, rid, meta, inputs)      all required inputs of ``stage`` arrived
-  (CHUNK, stage, rid, src, data)         a stream chunk from ``src``
+A stage executor's ``step`` returns outputs ``(kind, rid, payload)``:
+  (FINAL, rid, payload)     its final payload, along ``next`` edges
+  (CHUNK, rid, data)        one chunk, along ``stream_to`` edges
+  (END, rid, info)          the stream along ``stream_to`` edges is complete
+  (OUT, rid, ("text", str) | ("audio", int16 ndarray))   client output (terminal stages)
+  (DONE, rid, info)         this stage has finished the request
+  (ERROR, rid, message)     the request failed in this stage
+  (INVALID, rid, message)   the stage refused the request's content (the client's fault)
+
+An edge between two stages of one process is handed over inside that process (see
+``dispatch.py``); only what leaves the process travels below.
+
+coordinator -> stage process (one multiprocessing queue per process; each put is a list of):
+  (OPEN, rid, {stage: meta})             a request's active stages in this process
+  (INPUT, stage, rid, src, payload)      a final payload for ``stage`` from ``src`` (a stage of
+                                         another process, or ``graph.REQUEST_INPUT``)
+  (CHUNK, stage, rid, src, data)         a stream chunk from ``src`` in another process
   (END, stage, rid, src, info)           the stream from ``src`` is complete
-  (ABORT, rid)                           forget the request in every stage of the process
+  (CLOSE, rid)                           the request is over (finished, failed or aborted):
+                                         forget it in every stage of the process
   (STOP,)
-host -> coordinator (one pipe per process; each send is a list of):
-  (PROGRESS, text) | (READY, stage) | (FATAL, text) | (LOAD, {stage: (depth, busy)})
-  (kind, stage, rid, payload) with kind in worker.stages.base FINAL/CHUNK/END/OUT/DONE/ERROR
+stage process -> coordinator (one pipe per process; each send is a list of):
+  (PROGRESS, text) | (READY, stage) | (FATAL, text)
+  (LOAD, {stage: (depth, busy)}, {(src, dst): (handed over, serialised, bytes)})
+  (kind, stage, rid, payload)            an output above that must leave the process
 Payload arrays above a small size travel through shared memory (see transport.py).
 """
 
 from __future__ import annotations
 
-START = "start"
+from typing import Any
+
+# stage outputs (FINAL/CHUNK/END also name the coordinator's forwarding of them)
+FINAL = "final"
 CHUNK = "chunk"
 END = "end"
-ABORT = "abort"
+OUT = "out"
+DONE = "done"
+ERROR = "error"
+INVALID = "invalid"
+
+Output = tuple[str, str, Any]
+
+# coordinator -> stage process
+OPEN = "open"
+INPUT = "input"
+CLOSE = "close"
 STOP = "stop"
 
+# stage process -> coordinator
 PROGRESS = "progress"
 READY = "ready"
 FATAL = "fatal"
 LOAD = "load"
+
+START = "start"  # TEMP
+ABORT = "abort"  # TEMP

@@ -3,8 +3,9 @@
 The host hands a request to an executor with ``start`` once all its required inputs arrived,
 forwards stream chunks with ``feed``/``end_stream``, and calls ``step`` whenever
 ``next_deadline`` says there is work (the executor's scheduler decides what one step is: a
-batch, one decode step of all running requests, ...). ``step`` returns outputs that the host
-sends to the coordinator, which routes them along the spec's edges.
+batch, one decode step of all running requests, ...). ``step`` returns outputs (the kinds of
+``worker.runtime.messages``) that the process hands to the stages they are for: in place when
+those run in this process, through the coordinator when they run in another.
 """
 
 from __future__ import annotations
@@ -17,16 +18,27 @@ from typing import Any
 
 from planner.spec import ModelSpec, StageSpec
 
-# Output kinds (the first element of each output tuple):
-FINAL = "final"  # (FINAL, rid, payload): final payload along `next` edges
-CHUNK = "chunk"  # (CHUNK, rid, data): one chunk along `stream_to` edges
-END = "end"  # (END, rid, info): the stream along `stream_to` edges is complete
-OUT = "out"  # (OUT, rid, ("text", str) | ("audio", int16 ndarray)): client output (terminals)
-DONE = "done"  # (DONE, rid, info): this stage has finished the request
-ERROR = "error"  # (ERROR, rid, message): the request failed in this stage
-INVALID = "invalid"  # (INVALID, rid, message): the stage refused the request's content
+# The output kinds of ``step`` belong to the runtime's one message vocabulary; executors take
+# them from here, with the rest of their interface.
+from worker.runtime.graph import REQUEST_INPUT
+from worker.runtime.messages import CHUNK, DONE, END, ERROR, FINAL, INVALID, OUT, Output
 
-Output = tuple[str, str, Any]
+__all__ = [
+    "CHUNK",
+    "DONE",
+    "END",
+    "ERROR",
+    "FINAL",
+    "INVALID",
+    "OUT",
+    "BatchQueue",
+    "Output",
+    "RequestMeta",
+    "RequestPreprocessor",
+    "StageContext",
+    "StageExecutor",
+    "load_model",
+]
 
 
 @dataclass(slots=True)
@@ -56,6 +68,10 @@ class RequestMeta:
 
 
 class StageExecutor(ABC):
+    """What ``start``/``feed`` receive is shared, not copied: a payload from a stage of the same
+    process arrives as that stage produced it (torch tensors on its device included), one from
+    another process as numpy arrays. Executors read their inputs and never modify them."""
+
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
 
@@ -88,6 +104,38 @@ class StageExecutor(ABC):
     @abstractmethod
     def queue_depth(self) -> int:
         """Requests waiting in or running on this stage."""
+
+
+class RequestPreprocessor(StageExecutor):
+    """A stage that turns each request into one final payload, one request per step in arrival
+    order (preprocessing). Subclasses implement ``prepare``; a ``ValueError`` from it refuses the
+    request (INVALID) with its message."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.pending: list[tuple[str, RequestMeta, dict[str, Any]]] = []
+
+    @abstractmethod
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        self.pending.append((rid, meta, inputs[REQUEST_INPUT]))
+
+    def abort(self, rid: str) -> None:
+        self.pending = [p for p in self.pending if p[0] != rid]
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if self.pending else None
+
+    def queue_depth(self) -> int:
+        return len(self.pending)
+
+    def step(self) -> list[Output]:
+        rid, _meta, request = self.pending.pop(0)
+        try:
+            return [(FINAL, rid, self.prepare(request))]
+        except ValueError as exc:
+            return [(INVALID, rid, str(exc))]
 
 
 def load_model(ctx: StageContext) -> Any:

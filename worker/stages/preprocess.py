@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.spec import Executor
-from worker.stages.base import FINAL, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.base import RequestPreprocessor
 
 
 def load_tokenizer(ctx) -> Any:
@@ -26,34 +26,14 @@ def load_tokenizer(ctx) -> Any:
     raise FileNotFoundError(f"no tokenizer in {[str(p) for p in candidates]}")
 
 
-class PreprocessExecutor(StageExecutor):
+class PreprocessExecutor(RequestPreprocessor):
     def load(self) -> None:
         self.tokenizer = load_tokenizer(self.ctx)
-        self.pending: list[tuple[str, RequestMeta, dict]] = []
 
     def warmup(self) -> None:
-        self._prepare({"kind": "chat", "messages": [{"role": "user", "content": "hi"}]})
+        self.prepare({"kind": "chat", "messages": [{"role": "user", "content": "hi"}]})
 
-    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, meta, inputs["request"]))
-
-    def abort(self, rid: str) -> None:
-        self.pending = [p for p in self.pending if p[0] != rid]
-
-    def next_deadline(self) -> float | None:
-        return 0.0 if self.pending else None
-
-    def queue_depth(self) -> int:
-        return len(self.pending)
-
-    def step(self) -> list[Output]:
-        rid, _meta, req = self.pending.pop(0)
-        try:
-            return [(FINAL, rid, self._prepare(req))]
-        except ValueError as exc:
-            return [(INVALID, rid, str(exc))]
-
-    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["kind"] != "chat" or req.get("audio") is not None:
             raise ValueError(f"model {self.ctx.spec.name} takes text chat only")
         text = self.tokenizer.apply_chat_template(

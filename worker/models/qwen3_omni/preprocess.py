@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
-from worker.stages.base import FINAL, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.base import RequestPreprocessor
 
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 
 
-class OmniPreprocess(StageExecutor):
+class OmniPreprocess(RequestPreprocessor):
     def load(self) -> None:
         self.processor = OmniProcessor(self.ctx.checkpoint)
         # the thinker's context: a prompt that cannot fit is refused before any encoder runs
@@ -29,34 +29,14 @@ class OmniPreprocess(StageExecutor):
             ),
             None,
         )
-        self.pending: list[tuple[str, RequestMeta, dict]] = []
 
     def warmup(self) -> None:
         silence = np.zeros(1600, dtype=np.float32)
-        self._prepare(
+        self.prepare(
             {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "audio": silence}
         )
 
-    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, meta, inputs["request"]))
-
-    def abort(self, rid: str) -> None:
-        self.pending = [p for p in self.pending if p[0] != rid]
-
-    def next_deadline(self) -> float | None:
-        return 0.0 if self.pending else None
-
-    def queue_depth(self) -> int:
-        return len(self.pending)
-
-    def step(self) -> list[Output]:
-        rid, _meta, req = self.pending.pop(0)
-        try:
-            return [(FINAL, rid, self._prepare(req))]
-        except ValueError as exc:
-            return [(INVALID, rid, str(exc))]
-
-    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         kind = req["kind"]
         forced: list[int] | None = None
         if kind == "speech":
