@@ -27,11 +27,11 @@ from worker.stages.base import (
     CHUNK,
     DONE,
     END,
-    FINAL,
     INVALID,
     OUT,
     Output,
     RequestMeta,
+    RequestPreprocessor,
     StageExecutor,
 )
 
@@ -52,7 +52,7 @@ def _dtype(name: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[str(name)]
 
 
-class TTSPreprocess(StageExecutor):
+class TTSPreprocess(RequestPreprocessor):
     def load(self) -> None:
         import torch
 
@@ -62,7 +62,6 @@ class TTSPreprocess(StageExecutor):
         self.torch = torch
         self.config = json.loads((self.ctx.checkpoint / "config.json").read_text())
         self.tc = self.config["talker_config"]
-        self.pending: list[tuple[str, dict[str, Any]]] = []
         self.encoder = None
         comp = self.ctx.stage.component
         if comp is not None and comp.module == "encoder":
@@ -84,26 +83,7 @@ class TTSPreprocess(StageExecutor):
         if self.encoder is not None:
             self.encoder.encode(self.torch.zeros(1920))
 
-    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, inputs["request"]))
-
-    def abort(self, rid: str) -> None:
-        self.pending = [p for p in self.pending if p[0] != rid]
-
-    def next_deadline(self) -> float | None:
-        return 0.0 if self.pending else None
-
-    def queue_depth(self) -> int:
-        return len(self.pending)
-
-    def step(self) -> list[Output]:
-        rid, req = self.pending.pop(0)
-        try:
-            return [(FINAL, rid, self._prepare(req))]
-        except ValueError as exc:
-            return [(INVALID, rid, str(exc))]
-
-    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("kind") != "speech":
             raise ValueError("this model only speaks: send text to /v1/audio/speech")
         text = req.get("text") or ""
