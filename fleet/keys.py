@@ -76,3 +76,12 @@ class FleetKeys:
     def affinity_moves(self) -> str:
         """Counter of session bindings moved to another worker (bounded load, departures)."""
         return self.prefix + "stats:affinity-moves"
+
+    def conversation(self, session_key: str) -> str:
+        """List of a realtime session's conversation items (JSON), oldest first; bounded and
+        expiring (``fleet.conversations``)."""
+        return f"{self.prefix}conversation:{session_key}"
+
+    def conversation_config(self, session_key: str) -> str:
+        """A realtime session's settings (JSON: voice, instructions, ...), beside its items."""
+        return f"{self.prefix}conversation-config:{session_key}"

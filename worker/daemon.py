@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2  # the spec or an override is wrong
 EXIT_DOES_NOT_FIT = 3  # the planner says the model does not fit this node
+_REALTIME_CLOSE_S = 5.0  # after the drain: for open realtime sessions to say goodbye
 
 
 class StartupError(Exception):
@@ -334,6 +335,13 @@ class Daemon:
             log.warning("drain deadline passed with %d request(s) in flight", service.in_flight)
         else:
             log.info("drained")
+        if service.realtime:
+            # Their responses had the drain's time; now each client hears why (an error event
+            # `draining`) and gets 1012, on which the SDK reconnects and the router picks
+            # another worker, where the conversation resumes from Redis.
+            log.info("closing %d realtime session(s)", len(service.realtime))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(service.close_realtime_sessions(), _REALTIME_CLOSE_S)
 
 
 def run(settings: WorkerSettings, overrides: list[str]) -> int:

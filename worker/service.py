@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis.exceptions
+from prometheus_client import Gauge
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
@@ -27,7 +30,7 @@ _LATENCY_SAMPLES = 64
 
 # The endpoints this worker has routes for. A spec may list more (Qwen3-Omni's lists realtime);
 # advertising those would send clients to a worker that answers 404.
-SERVED_ENDPOINTS = ("chat", "speech", "transcription", "voices")
+SERVED_ENDPOINTS = ("chat", "speech", "transcription", "voices", "realtime")
 
 
 def capabilities_of(spec: ModelSpec) -> Capabilities:
@@ -45,6 +48,15 @@ def capabilities_of(spec: ModelSpec) -> Capabilities:
             "streaming": True,
         }
     )
+
+
+class RealtimeHandle(Protocol):
+    """An open ``/v1/realtime`` session, as admission, load and drain see it."""
+
+    session_id: str
+
+    async def close_for_restart(self) -> None:
+        """Stop the session's response, tell the client, close with 1012; return when closed."""
 
 
 class _Latencies:
@@ -92,6 +104,19 @@ class Ticket:
             self.service._release()
 
 
+def _realtime_gauge(metrics: WorkerMetrics) -> Gauge:
+    """The open-sessions gauge, registered once per metrics registry."""
+    gauge = getattr(metrics, "realtime_sessions", None)
+    if gauge is None:
+        gauge = Gauge(
+            "omni_worker_realtime_sessions",
+            "open /v1/realtime WebSocket sessions",
+            registry=metrics.registry,
+        )
+        metrics.realtime_sessions = gauge  # type: ignore[attr-defined]
+    return gauge
+
+
 class WorkerService:
     def __init__(
         self,
@@ -115,6 +140,8 @@ class WorkerService:
         self.ttft = _Latencies()
         self.ttfa = _Latencies()
         self._sessions: dict[str, float] = {}
+        self.realtime: set[RealtimeHandle] = set()
+        self._realtime_gauge = _realtime_gauge(self.metrics)
         self.created = int(time.time())
 
     # -- admission ---------------------------------------------------------------------------
@@ -163,10 +190,25 @@ class WorkerService:
         self.metrics.in_flight.set(self.in_flight)
 
     def active_sessions(self) -> int:
+        """Sessions seen within the window, and every open realtime session."""
         cutoff = time.monotonic() - self.settings.session_window
         for key in [k for k, at in self._sessions.items() if at < cutoff]:
             del self._sessions[key]
-        return len(self._sessions)
+        return len(self._sessions.keys() | {h.session_id for h in self.realtime})
+
+    # -- realtime sessions -------------------------------------------------------------------
+
+    def open_realtime(self, handle: RealtimeHandle) -> None:
+        self.realtime.add(handle)
+        self._realtime_gauge.set(len(self.realtime))
+
+    def close_realtime(self, handle: RealtimeHandle) -> None:
+        self.realtime.discard(handle)
+        self._realtime_gauge.set(len(self.realtime))
+
+    async def close_realtime_sessions(self) -> None:
+        """The drain's last step: every open realtime session closes with 1012."""
+        await asyncio.gather(*(h.close_for_restart() for h in list(self.realtime)))
 
     # -- load --------------------------------------------------------------------------------
 

@@ -112,6 +112,32 @@ class WorkerSettings(OmniSettings):
     )
     token: SecretStr | None = Field(None, description="shared token (OMNI_WORKER_TOKEN)")
     session_window: float = Field(60.0, gt=0, description="a session counts as active this long")
+    realtime_max_sessions: int = Field(
+        32,
+        ge=0,
+        description="open /v1/realtime sessions; one more gets an error event "
+        "`too_many_sessions` and close code 1013 (try again later)",
+    )
+    realtime_max_session_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="a realtime session's longest life; then error `session_expired`, close 1008",
+    )
+    realtime_max_buffer_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="input audio a realtime session buffers before a commit; an append over it "
+        "gets error `input_audio_buffer_full` and is dropped",
+    )
+    realtime_max_items: int = Field(
+        200, ge=2, description="conversation items a realtime session keeps (oldest dropped)"
+    )
+    realtime_conversation_ttl: float = Field(
+        3600.0,
+        gt=0,
+        description="seconds a realtime conversation stays in Redis after its last change, "
+        "for a reconnecting client to resume it",
+    )
 
     @field_validator("token", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from worker.api import audio, chat, errors, speech, system, transcription, voices
 from worker.api.gate import Gate
 from worker.api.limits import RequestLimits, max_prompt_bytes
+from worker.api.realtime import endpoint as realtime
 from worker.service import WorkerService
 
 
@@ -22,7 +23,7 @@ def create_app(service: WorkerService) -> FastAPI:
     app.state.max_prompt_bytes = max_prompt_bytes(service.settings, service.spec)
     audio.configure_decoding(service.settings.audio_decode_threads)
     errors.install(app)
-    for module in (system, chat, speech, transcription, voices):
+    for module in (system, chat, speech, transcription, voices, realtime):
         app.include_router(module.router)
     token = service.settings.token.get_secret_value() if service.settings.token else None
     app.add_middleware(

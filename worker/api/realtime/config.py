@@ -1,0 +1,133 @@
+"""A realtime session's settings: what ``session.update`` changes, and how ``session.created`` /
+``session.updated`` show them (GA shape, or the beta one for ``OpenAI-Beta: realtime=v1``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from worker.api.realtime.errors import Code, RealtimeError
+from worker.api.realtime.events import AudioFormatIn, SessionIn, TurnDetectionIn, VoiceId
+from worker.engine import AUDIO_OUTPUT_RATE
+
+PCM_RATE = AUDIO_OUTPUT_RATE  # input and output audio on the wire: PCM16 mono at 24 kHz
+PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
+# semantic_vad has no model here: its eagerness picks how long a pause ends a turn
+_EAGER_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+
+
+class VadConfig(BaseModel):
+    type: str = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def patched(self, given: TurnDetectionIn) -> VadConfig:
+        changes = given.model_dump(exclude_none=True, exclude={"type", "eagerness"})
+        if given.type == "semantic_vad" and given.silence_duration_ms is None:
+            changes["silence_duration_ms"] = _EAGER_SILENCE_MS[given.eagerness or "auto"]
+        return self.model_copy(update={"type": given.type, **changes})
+
+
+class SessionConfig(BaseModel):
+    instructions: str = ""
+    output_modalities: list[str] = Field(default_factory=lambda: ["audio"])
+    voice: str | None = None
+    turn_detection: VadConfig | None = Field(default_factory=VadConfig)
+    max_output_tokens: int | None = None
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.output_modalities
+
+
+def check_format(fmt: AudioFormatIn | str | None, param: str) -> None:
+    """Only PCM16 at 24 kHz travels (GA ``audio/pcm``, beta ``pcm16``)."""
+    if fmt is None or fmt == "pcm16":
+        return
+    if isinstance(fmt, AudioFormatIn) and fmt.type == "audio/pcm" and fmt.rate in (None, PCM_RATE):
+        return
+    shown = fmt if isinstance(fmt, str) else fmt.model_dump(exclude_none=True)
+    raise RealtimeError(
+        Code.UNSUPPORTED_AUDIO_FORMAT,
+        f"audio format {shown} is not served; use {PCM_FORMAT} (beta: 'pcm16')",
+        param,
+    )
+
+
+def voice_name(voice: str | VoiceId | None) -> str | None:
+    return voice.id if isinstance(voice, VoiceId) else voice
+
+
+def modalities(given: list[str] | None) -> list[str] | None:
+    """GA takes ["text"] or ["audio"] (audio comes with its transcript); beta's
+    ["text", "audio"] is GA's ["audio"]."""
+    if given is None:
+        return None
+    return ["audio"] if "audio" in given else ["text"]
+
+
+def max_tokens(given: int | str | None) -> int | None:
+    return given if isinstance(given, int) else None
+
+
+def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str | None]:
+    """The config after ``update``, and the voice it names (the caller checks the voice).
+    Raises ``RealtimeError`` for what this server cannot do; ``config`` is then unchanged."""
+    if update.type == "transcription":
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            "transcription sessions are not served; use POST /v1/audio/transcriptions",
+            "session.type",
+        )
+    audio = update.audio
+    check_format(audio.input.format if audio and audio.input else None, "session.audio.input")
+    check_format(audio.output.format if audio and audio.output else None, "session.audio.output")
+    check_format(update.input_audio_format, "session.input_audio_format")
+    check_format(update.output_audio_format, "session.output_audio_format")
+    changes: dict = {}
+    if update.instructions is not None:
+        changes["instructions"] = update.instructions
+    chosen = modalities(update.output_modalities or update.modalities)
+    if chosen is not None:
+        changes["output_modalities"] = chosen
+    voice = voice_name(audio.output.voice if audio and audio.output else None) or update.voice
+    # turn detection: given as null turns it off; left out keeps it
+    for holder in (audio.input if audio else None, update):
+        if holder is not None and "turn_detection" in holder.model_fields_set:
+            given = holder.turn_detection
+            base = config.turn_detection or VadConfig()
+            changes["turn_detection"] = None if given is None else base.patched(given)
+    limit = update.max_output_tokens or update.max_response_output_tokens
+    if limit is not None:
+        changes["max_output_tokens"] = max_tokens(limit)
+    return config.model_copy(update=changes), voice
+
+
+def session_view(config: SessionConfig, session_id: str, model: str, beta: bool) -> dict:
+    vad = config.turn_detection.model_dump() if config.turn_detection else None
+    limit = config.max_output_tokens or "inf"
+    common = {"id": session_id, "object": "realtime.session", "model": model}
+    if beta:
+        return {
+            **common,
+            "modalities": ["text", "audio"] if config.wants_audio else ["text"],
+            "instructions": config.instructions,
+            "voice": config.voice,
+            "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16",
+            "turn_detection": vad,
+            "max_response_output_tokens": limit,
+        }
+    return {
+        **common,
+        "type": "realtime",
+        "instructions": config.instructions,
+        "output_modalities": config.output_modalities,
+        "audio": {
+            "input": {"format": PCM_FORMAT, "turn_detection": vad},
+            "output": {"format": PCM_FORMAT, "voice": config.voice},
+        },
+        "max_output_tokens": limit,
+    }

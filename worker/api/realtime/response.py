@@ -1,0 +1,261 @@
+"""One response: drives ``Engine.generate`` and streams its text and audio as Realtime events.
+
+Cancelling the response's task (``response.cancel``, barge-in, the session closing) closes the
+engine iterator, which aborts the request in every stage at once; the reply then keeps what was
+sent of it (its transcript cut to the audio sent) and ``response.done`` says ``cancelled``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from fleet.errors import OmniError
+from worker.api.errors import stage_error
+from worker.api.generation import events
+from worker.api.realtime.config import PCM_FORMAT, PCM_RATE
+from worker.api.realtime.conversation import Conversation, message_item, new_id, public
+from worker.api.realtime.conversation import spoken_text as spoken_part
+from worker.api.realtime.errors import RealtimeError
+from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
+from worker.engine import TextDelta as EngineText
+from worker.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+PCM_BYTES_PER_SECOND = PCM_RATE * 2
+
+
+class SessionClosed(Exception):
+    """The client is gone: nothing more can be sent."""
+
+
+class Channel(Protocol):
+    """What a response needs from its session."""
+
+    service: WorkerService
+    conversation: Conversation
+    session_id: str
+    response: Response | None  # the one in flight; a response clears itself when done
+
+    async def send(self, event: dict) -> None:
+        """Raises ``SessionClosed`` once the client is gone."""
+
+
+@dataclass
+class ResponsePlan:
+    """A ``response.create`` resolved against the session's settings."""
+
+    messages: list[dict]
+    modalities: list[str]
+    voice: str | None = None
+    voice_audio: np.ndarray | None = None
+    max_tokens: int | None = None
+    in_conversation: bool = True  # conversation "none": an out-of-band reply, not stored
+    metadata: dict | None = None
+
+
+@dataclass
+class Response:
+    channel: Channel
+    plan: ResponsePlan
+    id: str = field(default_factory=lambda: new_id("resp"))
+    item_id: str = field(default_factory=lambda: new_id("item"))
+    text: list[str] = field(default_factory=list)
+    audio_bytes: int = 0
+    status: str = "in_progress"
+    reason: str | None = None
+    error: RealtimeError | None = None
+    usage: Finished | None = None
+    task: asyncio.Task | None = None
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.plan.modalities
+
+    def start(self) -> asyncio.Task:
+        self.task = asyncio.create_task(self._run(), name=f"realtime-{self.id}")
+        return self.task
+
+    async def cancel(self, reason: str) -> None:
+        """Stop now (idempotent); returns once ``response.done`` went out."""
+        if self.task is None or self.task.done():
+            return
+        self.reason = reason
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _part(self, final: bool) -> dict:
+        said = "".join(self.text)
+        if self.audio:
+            return {"type": "audio", "transcript": said if final else ""}
+        return {"type": "text", "text": said if final else ""}
+
+    def _item(self, status: str) -> dict:
+        said = "".join(self.text)
+        if self.audio:
+            content = [{"type": "output_audio", "transcript": said}]
+        else:
+            content = [{"type": "output_text", "text": said}]
+        item = message_item("assistant", content, self.item_id, status)
+        if self.audio:
+            item["_audio_ms"] = self.audio_bytes * 1000 // PCM_BYTES_PER_SECOND
+        return item
+
+    def _response(self, output: list[dict]) -> dict:
+        body: dict = {
+            "id": self.id,
+            "object": "realtime.response",
+            "status": self.status,
+            "status_details": None,
+            "output": output,
+            "conversation_id": self.channel.session_id if self.plan.in_conversation else None,
+            "output_modalities": self.plan.modalities,
+            "audio": {"output": {"format": PCM_FORMAT, "voice": self.plan.voice}},
+            "max_output_tokens": self.plan.max_tokens or "inf",
+            "metadata": self.plan.metadata,
+            "usage": None,
+        }
+        if self.status != "in_progress":
+            details: dict = {"type": self.status}
+            if self.reason:
+                details["reason"] = self.reason
+            if self.error is not None:
+                details["error"] = {"type": "invalid_request_error", "code": self.error.code.value}
+            body["status_details"] = details
+        if self.usage is not None:
+            u = self.usage
+            body["usage"] = {
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+                "input_tokens": u.prompt_tokens,
+                "output_tokens": u.completion_tokens,
+                "input_token_details": {"text_tokens": u.prompt_tokens, "audio_tokens": 0},
+                "output_token_details": {
+                    "text_tokens": u.completion_tokens,
+                    "audio_tokens": 0,
+                },
+            }
+        return body
+
+    def _where(self) -> dict:
+        return {"response_id": self.id, "item_id": self.item_id, "output_index": 0}
+
+    # -- the run -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        ch = self.channel
+        send = ch.send
+        ticket = None
+        started = False
+        try:
+            await send({"type": "response.created", "response": self._response([])})
+            try:
+                ticket = ch.service.admit(ch.session_id)
+            except OmniError as exc:
+                raise RealtimeError.from_omni(exc) from exc
+            item = public(self._item("in_progress")) | {"content": []}
+            await send({"type": "response.output_item.added", **self._where(), "item": item})
+            if self.plan.in_conversation:
+                previous = await ch.conversation.add(self._item("in_progress"), store=False)
+                await send(
+                    {"type": "conversation.item.added", "previous_item_id": previous, "item": item}
+                )
+            where = {**self._where(), "content_index": 0}
+            await send({"type": "response.content_part.added", **where, "part": self._part(False)})
+            started = True
+            text_event = (
+                "response.output_audio_transcript.delta"
+                if self.audio
+                else "response.output_text.delta"
+            )
+            request = GenerationRequest(
+                request_id=self.id,
+                kind=RequestKind.CHAT,
+                messages=self.plan.messages,
+                output_audio=self.audio,
+                voice=self.plan.voice,
+                voice_audio=self.plan.voice_audio,
+                max_tokens=self.plan.max_tokens,
+                session_id=ch.session_id,
+            )
+            async with events(ch.service, request) as stream:
+                async for event in stream:
+                    if isinstance(event, EngineText):
+                        ticket.text()
+                        self.text.append(event.text)
+                        await send({"type": text_event, **where, "delta": event.text})
+                    elif isinstance(event, AudioChunk):
+                        ticket.audio()
+                        data = base64.b64encode(event.pcm16).decode()
+                        await send({"type": "response.output_audio.delta", **where, "delta": data})
+                        self.audio_bytes += len(event.pcm16)
+                    elif isinstance(event, Finished):
+                        self.usage = event
+            ch.service.metrics.tokens_out.inc(self.usage.completion_tokens if self.usage else 0)
+            ch.service.metrics.audio_out.inc(self.audio_bytes / PCM_BYTES_PER_SECOND)
+            self.status = "completed"
+            if self.usage is not None and self.usage.finish_reason == "length":
+                self.status, self.reason = "incomplete", "max_output_tokens"
+            said = "".join(self.text)
+            if self.audio:
+                await send({"type": "response.output_audio.done", **where})
+                await send(
+                    {"type": "response.output_audio_transcript.done", **where, "transcript": said}
+                )
+            else:
+                await send({"type": "response.output_text.done", **where, "text": said})
+            await send({"type": "response.content_part.done", **where, "part": self._part(True)})
+        except asyncio.CancelledError:
+            self.status = "cancelled"
+            self.reason = self.reason or "client_cancelled"
+            ch.service.metrics.aborted.inc()
+            self._keep_what_was_said()
+        except SessionClosed:
+            self.status, self.reason = "cancelled", "client_cancelled"
+            ch.service.metrics.aborted.inc()
+            self._keep_what_was_said()
+        except RealtimeError as exc:
+            self.status, self.error = "failed", exc
+        except StageFailed as exc:
+            status, code, message = stage_error(exc)
+            self.status, self.error = "failed", RealtimeError(code, message, None, status)
+        finally:
+            if ticket is not None:
+                ticket.release()
+        await self._finish(started)
+
+    def _keep_what_was_said(self) -> None:
+        """An interrupted reply keeps the words its sent audio said (its text: what was sent)."""
+        if self.audio:
+            said = spoken_part("".join(self.text), self.audio_bytes / PCM_BYTES_PER_SECOND, None)
+            self.text = [said]
+
+    async def _finish(self, started: bool) -> None:
+        ch = self.channel
+        if ch.response is self:  # a client answering response.done may create the next one
+            ch.response = None
+        with contextlib.suppress(SessionClosed):
+            if self.error is not None:
+                await ch.send(self.error.event())
+            output: list[dict] = []
+            if started:
+                final = "completed" if self.status == "completed" else "incomplete"
+                item = self._item(final)
+                if self.plan.in_conversation:
+                    with contextlib.suppress(RealtimeError):  # deleted by the client meanwhile
+                        ch.conversation.items[ch.conversation.index(self.item_id)] = item
+                        await ch.conversation.store_item(item)
+                shown = public(item)
+                output = [shown]
+                await ch.send({"type": "response.output_item.done", **self._where(), "item": shown})
+                if self.plan.in_conversation:
+                    await ch.send({"type": "conversation.item.done", "item": shown})
+            await ch.send({"type": "response.done", "response": self._response(output)})

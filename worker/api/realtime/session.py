@@ -1,0 +1,346 @@
+"""One realtime session: its settings, input audio buffer, turn detection, conversation and the
+response in flight; each client event handled in order. Sends go through one lock, so events
+of a response and of the client's own requests never interleave mid-message."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+import redis.exceptions
+
+from fleet.conversations import ConversationStore
+from fleet.errors import OmniError
+from fleet.records import Modality
+from worker.api.realtime import config as cfg
+from worker.api.realtime import events as ev
+from worker.api.realtime.conversation import (
+    Conversation,
+    item_from_client,
+    message_item,
+    new_id,
+    public,
+)
+from worker.api.realtime.dialect import to_beta
+from worker.api.realtime.errors import Code, RealtimeError
+from worker.api.realtime.input_audio import InputAudioBuffer, decode_pcm16, ms
+from worker.api.realtime.response import Response, ResponsePlan, SessionClosed
+from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
+from worker.api.voices import resolve_voice
+from worker.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+Sender = Callable[[str], Awaitable[None]]
+
+
+class RealtimeSession:
+    def __init__(
+        self,
+        service: WorkerService,
+        session_id: str,
+        model: str,
+        send_text: Sender,
+        *,
+        beta: bool = False,
+        store: ConversationStore | None = None,
+        stored_name: str | None = None,
+    ) -> None:
+        self.service = service
+        self.session_id = session_id
+        self.model = model
+        self.beta = beta
+        self._send_text = send_text
+        self._lock = asyncio.Lock()
+        self.closed = False
+        settings = service.settings
+        self.store = store
+        self.stored_name = stored_name or session_id
+        self.config = cfg.SessionConfig()
+        if Modality.AUDIO not in service.capabilities.output_modalities:
+            self.config.output_modalities = ["text"]
+        self.voice_audio = None
+        self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)
+        self.conversation = Conversation(store, self.stored_name, settings.realtime_max_items)
+        self.vad: ServerVad | None = None
+        self.turn_item_id: str | None = None  # the item the speech in progress will become
+        self.turn_start = 0
+        self.response: Response | None = None
+        self.resumed = False
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def send(self, event: dict) -> None:
+        if self.closed:
+            raise SessionClosed
+        event = {"event_id": new_id("event"), **event}
+        if self.beta:
+            event = to_beta(event)
+            if event is None:
+                return
+        data = orjson.dumps(event).decode()
+        async with self._lock:
+            try:
+                await self._send_text(data)
+            except Exception as exc:  # the transport's own close and disconnect errors
+                self.closed = True
+                raise SessionClosed from exc
+
+    async def send_error(self, error: RealtimeError, client_event_id: str | None = None) -> None:
+        with contextlib.suppress(SessionClosed):
+            await self.send(error.event(client_event_id))
+
+    # -- life --------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Resume a stored conversation of this session id, then announce the session."""
+        if self.store is not None:
+            try:
+                stored = await self.store.load(self.stored_name)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("conversation %s not loaded: %s", self.stored_name, exc)
+            else:
+                self.conversation.items = stored.items[-self.conversation.max_items :]
+                if stored.config:
+                    with contextlib.suppress(ValueError):
+                        self.config = cfg.SessionConfig.model_validate(stored.config)
+                self.resumed = bool(stored.items or stored.config)
+        if self.config.voice is not None:
+            with contextlib.suppress(OmniError):
+                _, self.voice_audio = await resolve_voice(self.service, self.config.voice, "voice")
+        self._reset_vad()
+        await self.send({"type": "session.created", "session": self.view()})
+
+    async def stop_response(self) -> None:
+        """Stop the response in flight, if any: its stages abort."""
+        if self.response is not None:
+            await self.response.cancel("client_cancelled")
+
+    def view(self) -> dict:
+        return cfg.session_view(self.config, self.session_id, self.model, self.beta)
+
+    def _reset_vad(self) -> None:
+        td = self.config.turn_detection
+        self.vad = ServerVad(td, self.buffer.end) if td is not None else None
+        self.turn_item_id = None
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    async def handle(self, event: ev.ClientEvent) -> None:
+        handler = _HANDLERS[event.type]
+        await handler(self, event)
+
+    async def _session_update(self, event: ev.SessionUpdate) -> None:
+        new, voice = cfg.apply(self.config, event.session)
+        if voice is not None and voice != self.config.voice:
+            try:
+                name, self.voice_audio = await resolve_voice(
+                    self.service, voice, "session.audio.output.voice"
+                )
+            except OmniError as exc:
+                raise RealtimeError.from_omni(exc) from exc
+            new = new.model_copy(update={"voice": name})
+        turn_changed = new.turn_detection != self.config.turn_detection
+        self.config = new
+        if turn_changed:
+            self._reset_vad()
+        if self.store is not None:
+            try:
+                await self.store.save_config(self.stored_name, new.model_dump())
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("session %s settings not stored: %s", self.stored_name, exc)
+        await self.send({"type": "session.updated", "session": self.view()})
+
+    async def _append(self, event: ev.AudioAppend) -> None:
+        pcm = decode_pcm16(event.audio)
+        self.buffer.append(pcm)
+        if self.vad is None:
+            return
+        for turn in self.vad.feed(pcm):
+            if isinstance(turn, SpeechStarted):
+                await self._speech_started(turn)
+            else:
+                await self._speech_stopped(turn)
+
+    async def _speech_started(self, turn: SpeechStarted) -> None:
+        assert self.vad is not None
+        self.turn_item_id = new_id("item")
+        self.turn_start = max(self.buffer.base, turn.at - self.vad.prefix_samples)
+        await self.send(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": ms(self.turn_start),
+                "item_id": self.turn_item_id,
+            }
+        )
+        if self.response is not None and self.vad.config.interrupt_response:
+            await self.response.cancel("turn_detected")  # barge-in
+
+    async def _speech_stopped(self, turn: SpeechStopped) -> None:
+        assert self.vad is not None
+        item_id = self.turn_item_id or new_id("item")
+        await self.send(
+            {
+                "type": "input_audio_buffer.speech_stopped",
+                "audio_end_ms": ms(turn.at),
+                "item_id": item_id,
+            }
+        )
+        pcm = self.buffer.take(self.turn_start, turn.until)
+        self.turn_item_id = None
+        await self._commit(pcm, item_id)
+        if self.vad.config.create_response and self.response is None:
+            await self._start_response(None)
+
+    async def _commit(self, pcm: bytes, item_id: str | None = None) -> None:
+        item = message_item(
+            "user",
+            [{"type": "input_audio", "audio": base64.b64encode(pcm).decode(), "transcript": None}],
+            item_id,
+        )
+        previous = await self.conversation.add(item)
+        await self.send(
+            {
+                "type": "input_audio_buffer.committed",
+                "previous_item_id": previous,
+                "item_id": item["id"],
+            }
+        )
+        await self._announce(item, previous)
+
+    async def _announce(self, item: dict, previous: str | None) -> None:
+        shown = public(item)
+        await self.send(
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": shown}
+        )
+        await self.send(
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": shown}
+        )
+
+    async def _commit_buffer(self, event: ev.ClientEvent) -> None:
+        if self.buffer.end == self.buffer.base:
+            raise RealtimeError(
+                Code.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, "the input audio buffer is empty", None
+            )
+        pcm = self.buffer.take()
+        item_id = self.turn_item_id
+        self._reset_vad()
+        await self._commit(pcm, item_id)
+
+    async def _clear(self, event: ev.ClientEvent) -> None:
+        self.buffer.clear()
+        self._reset_vad()
+        await self.send({"type": "input_audio_buffer.cleared"})
+
+    async def _item_create(self, event: ev.ItemCreate) -> None:
+        item = item_from_client(event.item, self.buffer.max_bytes)
+        previous = await self.conversation.add(item, event.previous_item_id)
+        await self._announce(item, previous)
+
+    async def _item_truncate(self, event: ev.ItemTruncate) -> None:
+        await self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        await self.send(
+            {
+                "type": "conversation.item.truncated",
+                "item_id": event.item_id,
+                "content_index": event.content_index,
+                "audio_end_ms": event.audio_end_ms,
+            }
+        )
+
+    async def _item_delete(self, event: ev.ItemRef) -> None:
+        await self.conversation.delete(event.item_id)
+        await self.send({"type": "conversation.item.deleted", "item_id": event.item_id})
+
+    async def _item_retrieve(self, event: ev.ItemRef) -> None:
+        item = self.conversation.get(event.item_id)
+        shown = {k: v for k, v in item.items() if not k.startswith("_")}
+        await self.send({"type": "conversation.item.retrieved", "item": shown})
+
+    async def _response_create(self, event: ev.ResponseCreate) -> None:
+        if self.response is not None:
+            raise RealtimeError(
+                Code.ACTIVE_RESPONSE,
+                f"response {self.response.id} is in progress; cancel it or wait for response.done",
+            )
+        await self._start_response(event.response)
+
+    async def _start_response(self, given: ev.ResponseIn | None) -> None:
+        plan = await self._plan(given)
+        response = Response(self, plan)
+        self.response = response
+        response.start()
+
+    async def _plan(self, given: ev.ResponseIn | None) -> ResponsePlan:
+        c = self.config
+        given = given or ev.ResponseIn()
+        modalities = (
+            cfg.modalities(given.output_modalities or given.modalities) or c.output_modalities
+        )
+        if (
+            "audio" in modalities
+            and Modality.AUDIO not in self.service.capabilities.output_modalities
+        ):
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                f"model {self.model!r} does not produce audio",
+                "response.output_modalities",
+            )
+        voice, voice_audio = c.voice, self.voice_audio
+        asked = (
+            cfg.voice_name(given.audio.output.voice if given.audio and given.audio.output else None)
+            or given.voice
+        )
+        if asked is not None and asked != voice:
+            try:
+                voice, voice_audio = await resolve_voice(
+                    self.service, asked, "response.audio.output.voice"
+                )
+            except OmniError as exc:
+                raise RealtimeError.from_omni(exc) from exc
+        if voice is None and "audio" in modalities:
+            speakers = self.service.engine.speakers()
+            voice = speakers[0] if speakers else None
+        instructions = given.instructions if given.instructions is not None else c.instructions
+        extra = [item_from_client(i, self.buffer.max_bytes) for i in given.input or []]
+        in_conversation = given.conversation in (None, "auto")
+        if in_conversation:
+            messages = self.conversation.messages(instructions, extra)
+        else:
+            messages = Conversation(None, "", len(extra) + 1, extra).messages(instructions)
+        limit = cfg.max_tokens(given.max_output_tokens or given.max_response_output_tokens)
+        return ResponsePlan(
+            messages=messages,
+            modalities=modalities,
+            voice=voice,
+            voice_audio=voice_audio,
+            max_tokens=limit or c.max_output_tokens,
+            in_conversation=in_conversation,
+            metadata=given.metadata,
+        )
+
+    async def _response_cancel(self, event: ev.ResponseCancel) -> None:
+        response = self.response
+        if response is None or (event.response_id and event.response_id != response.id):
+            raise RealtimeError(
+                Code.RESPONSE_CANCEL_NOT_ACTIVE, "no response in progress to cancel", "response_id"
+            )
+        await response.cancel("client_cancelled")
+
+
+_HANDLERS: dict[str, Callable[[RealtimeSession, ev.ClientEvent], Awaitable[None]]] = {
+    "session.update": RealtimeSession._session_update,
+    "input_audio_buffer.append": RealtimeSession._append,
+    "input_audio_buffer.commit": RealtimeSession._commit_buffer,
+    "input_audio_buffer.clear": RealtimeSession._clear,
+    "conversation.item.create": RealtimeSession._item_create,
+    "conversation.item.truncate": RealtimeSession._item_truncate,
+    "conversation.item.delete": RealtimeSession._item_delete,
+    "conversation.item.retrieve": RealtimeSession._item_retrieve,
+    "response.create": RealtimeSession._response_create,
+    "response.cancel": RealtimeSession._response_cancel,
+}  # type: ignore[dict-item]
