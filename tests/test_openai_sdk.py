@@ -126,7 +126,7 @@ def test_sdk_errors_are_typed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert err.value.body["code"] == "model_not_found"
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         sdk.audio.speech.create(model=MODEL, input="x", voice="nobody-here")
     assert err.value.body["code"] == "voice_not_found"
     wrong = openai.OpenAI(

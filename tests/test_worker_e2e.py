@@ -271,7 +271,7 @@ def test_uploaded_voices_refused_where_the_model_cannot_clone(
     assert up.status_code == 404 and "takes no uploaded voices" in up.json()["error"]["message"]
     models = httpx.get(a.url + "/v1/models", headers=a.headers, timeout=10).json()["data"]
     assert all("voices" not in m.get("capabilities", {}).get("endpoints", []) for m in models)
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         sdk_b.audio.speech.create(model=MODEL, input="x", voice="nobody")
     assert err.value.body["code"] == "voice_not_found"
     assert "ethan" in err.value.body["message"]

@@ -226,7 +226,7 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
         "modalities": ["text", "audio"],
         "audio": {"voice": "ghost"},
     }
-    assert_error(http.post(chat, json=ghost), 404, "voice_not_found")
+    assert_error(http.post(chat, json=ghost), 400, "voice_not_found")
     garbage = base64.b64encode(b"RIFF....garbage").decode()
     part = {"type": "input_audio", "input_audio": {"data": garbage, "format": "wav"}}
     assert_error(
@@ -256,7 +256,7 @@ def test_bad_inputs(worker: Running, http: httpx.Client) -> None:
     speech = "/v1/audio/speech"
     assert_error(
         http.post(speech, json={"model": "fake-omni", "input": "x", "voice": "ghost"}),
-        404,
+        400,
         "voice_not_found",
     )
     assert_error(

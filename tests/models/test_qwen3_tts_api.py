@@ -125,7 +125,8 @@ def test_bad_speech_inputs(cv: WorkerProcess) -> None:
     _error(_post(cv, {**ok, "input": "   "}), 400, "invalid_request")
     err = _error(_post(cv, {**ok, "input": "x" * 4097}), 400, "invalid_request")
     assert err["param"] == "input"
-    _error(_post(cv, {**ok, "voice": "nobody"}), 404, "voice_not_found")
+    err = _error(_post(cv, {**ok, "voice": "nobody"}), 400, "voice_not_found")
+    assert err["param"] == "voice" and "vivian" in err["message"]
     err = _error(_post(cv, {**ok, "response_format": "ogg_vorbis"}), 400, "invalid_request")
     assert err["param"] == "response_format"
     _error(_post(cv, {**ok, "speed": 5.0}), 400, "invalid_request")
@@ -184,6 +185,6 @@ def test_base_clones_uploaded_voices_and_refuses_bad_ones(tmp_path: Path, redis_
         assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
         assert len(a.content) == FRAMES * 1920 * 2 and a.content != b.content
         # Base has no built-in voices: a name that is not uploaded is unknown
-        _error(speak("vivian"), 404, "voice_not_found")
+        _error(speak("vivian"), 400, "voice_not_found")
     finally:
         worker.stop()

@@ -180,7 +180,7 @@ def bad_inputs_at(name: str, base: str, auth: dict[str, str]) -> None:
     check(post("/v1/chat/completions", json={**CHAT, "model": "gpt-99"}), 404, "model_not_found")
     check(
         post("/v1/audio/speech", json={"model": MODEL, "input": "x", "voice": "nobody"}),
-        404,
+        400,
         "voice_not_found",
     )
     check(

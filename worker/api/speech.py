@@ -30,7 +30,7 @@ from worker.api.common import (
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
 from worker.api.schemas import SpeechBatchRequest, SpeechRequest
-from worker.api.voices import resolve_voice, voice_transcript
+from worker.api.voices import resolve_voice_record
 from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
 from worker.service import Ticket, WorkerService
 
@@ -66,7 +66,7 @@ async def _generation(
 ) -> GenerationRequest:
     qwen3_tts = _model_type(service) == "qwen3_tts"
     rate = VOICE_RATE_QWEN3_TTS if qwen3_tts else None
-    voice, voice_audio = await resolve_voice(service, voice_name, param, rate=rate)
+    voice, voice_audio, record = await resolve_voice_record(service, voice_name, param, rate=rate)
     messages: list[dict] = []
     if qwen3_tts:
         opts: dict = {"role": "tts_options"}
@@ -74,8 +74,10 @@ async def _generation(
             opts["instructions"] = instructions
         if language:
             opts["language"] = language
-        if voice_audio is not None:
-            opts["ref_text"] = await voice_transcript(service, voice)
+        if record is not None:
+            # the voice's content hash: its reference codes and speaker embedding are
+            # computed once per voice in the stages (worker.models.qwen3_tts.voice_cache)
+            opts["ref_text"], opts["voice_key"] = record.transcript, record.sha256
         messages.append(opts)
     return GenerationRequest(
         request_id=new_id("speech"),

@@ -34,9 +34,11 @@ MAX_TRANSCRIPT_CHARS = 2048
 _MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
 
 
-def voice_not_found(name: str, builtin: list[str], param: str) -> OmniError:
+def voice_not_found(name: str, builtin: list[str], param: str, status: int = 404) -> OmniError:
+    """Unknown voice: 404 where the voice is the resource (``/v1/audio/voices/{name}``), 400
+    where it is a request's parameter (speech, chat audio), as issue 10 asks of bad input."""
     return OmniError(
-        404,
+        status,
         ErrorCode.VOICE_NOT_FOUND,
         f"voice {name!r} is neither built in ({', '.join(builtin) or 'none'}) nor uploaded "
         "(POST /v1/audio/voices)",
@@ -49,30 +51,36 @@ async def resolve_voice(
 ) -> tuple[str, np.ndarray | None]:
     """A built-in speaker, or an uploaded voice's reference audio fetched from the store, at
     ``rate`` (default: the rate the engine takes reference audio at)."""
+    voice, samples, _ = await resolve_voice_record(service, name, param, rate)
+    return voice, samples
+
+
+async def resolve_voice_record(
+    service: WorkerService, name: str, param: str, rate: int | None = None
+) -> tuple[str, np.ndarray | None, VoiceRecord | None]:
+    """``resolve_voice`` plus the uploaded voice's record (None for a built-in speaker), read in
+    the same fetch: its transcript and content hash belong to exactly these samples."""
     rate = rate or VOICE_REFERENCE_RATE
     builtin = service.engine.speakers()
     if name in builtin:
-        return name, None
+        return name, None, None
     found = await service.get_voice(name)
     if found is None:
-        raise voice_not_found(name, builtin, param)
+        raise voice_not_found(name, builtin, param, status=400)
     record, data = found
+    if not record.sha256:
+        record = record.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     if record.format == PCM16_24K:
         loop = asyncio.get_running_loop()
-        return name, await loop.run_in_executor(None, reference_audio, data, rate)
+        return name, await loop.run_in_executor(None, reference_audio, data, rate), record
     # stored as uploaded (before voices were converted on upload)
-    return name, await audio.decode_audio_async(
+    samples = await audio.decode_audio_async(
         data,
         max_seconds=service.settings.max_audio_seconds,
         param=param,
         target_rate=rate,
     )
-
-
-async def voice_transcript(service: WorkerService, name: str) -> str:
-    """What an uploaded voice says ("" when the uploader gave no transcript)."""
-    found = await service.get_voice(name)
-    return found[0].transcript if found is not None else ""
+    return name, samples, record
 
 
 def reference_audio(pcm16: bytes, rate: int = VOICE_REFERENCE_RATE) -> np.ndarray:

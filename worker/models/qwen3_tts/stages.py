@@ -11,7 +11,8 @@
   with up to ``left_context_frames`` earlier frames as context, as the model's chunked decode.
 
 Speech options travel in the request's ``messages`` as one ``{"role": "tts_options", ...}``
-entry (language, instructions, reference text).
+entry (language, instructions, reference text, and ``voice_key``: an uploaded voice's content
+hash, under which its reference codes and speaker embedding are computed once, ``voice_cache``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.models.qwen3_tts.voice_cache import VoiceCache
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -63,6 +65,7 @@ class TTSPreprocess(RequestPreprocessor):
         self.config = json.loads((self.ctx.checkpoint / "config.json").read_text())
         self.tc = self.config["talker_config"]
         self.encoder = None
+        self.voice_codes = VoiceCache()  # reference codes per uploaded voice
         comp = self.ctx.stage.component
         if comp is not None and comp.module == "encoder":
             st_dir = self.ctx.checkpoint / comp.config_dir
@@ -122,12 +125,18 @@ class TTSPreprocess(RequestPreprocessor):
         if not np.isfinite(wav).all() or float(np.abs(wav).max()) < 1e-4:
             raise ValueError("the voice's reference audio is silent")
         out["ref_wav"] = wav
+        key = opts.get("voice_key") or None
+        if key:
+            out["voice_key"] = key
         ref_text = (opts.get("ref_text") or "").strip()
         if ref_text and self.encoder is not None:
             out["ref_text"] = ref_text
-            codes = self.encoder.encode(self.torch.from_numpy(wav).to(self.ctx.device))
-            out["ref_codes"] = codes.cpu().numpy().astype(np.int64)
+            out["ref_codes"] = self.voice_codes.get(key, lambda: self._encode(wav))
         return out
+
+    def _encode(self, wav: np.ndarray) -> np.ndarray:
+        codes = self.encoder.encode(self.torch.from_numpy(wav).to(self.ctx.device))
+        return codes.cpu().numpy().astype(np.int64)
 
 
 @dataclass
@@ -174,6 +183,7 @@ class TTSEngineExecutor(StageExecutor):
         self.context = self.ctx.stage.engine.context_length
         self.pending: list[_Req] = []
         self.running: dict[str, _Req] = {}
+        self.voice_embeddings = VoiceCache()  # speaker embedding per uploaded voice
 
     def warmup(self) -> None:
         speakers = self.builder.speakers
@@ -214,7 +224,10 @@ class TTSEngineExecutor(StageExecutor):
         try:
             spk_emb = None
             if p.get("ref_wav") is not None:
-                spk_emb = speaker_embedding(self.model, torch.from_numpy(np.asarray(p["ref_wav"])))
+                wav = torch.from_numpy(np.asarray(p["ref_wav"]))
+                spk_emb = self.voice_embeddings.get(
+                    p.get("voice_key"), lambda: speaker_embedding(self.model, wav)
+                )
             ref_codes = p.get("ref_codes")
             prompt = self.builder.build(
                 p["text"],

@@ -1,0 +1,102 @@
+"""A cloned voice's reference codes and speaker embedding are computed once per voice.
+
+The embedded tiny Qwen3-TTS Base checkpoint runs its three real stage executors in this process
+(preprocessing with the speech tokenizer's encoder, the talker with its speaker encoder, the
+vocoder), driven request by request as the stage host drives them. The speech API sends an
+uploaded voice's content hash as ``voice_key``: the second request of a voice must not run the
+encoder or the speaker encoder again (the stages' counters), and its audio must be the bytes
+the first request produced, which are the bytes of a request that bypasses the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from planner.spec import ModelSpec
+from worker.models.checkpoint import resolve_checkpoint
+from worker.stages.base import DONE, FINAL, OUT, RequestMeta, StageContext
+from worker.stages.registry import make_executor
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts-base.yaml"
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory) -> dict:
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+    ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("tts-base"), log=lambda _: None)
+    out = {}
+    for name in ("preprocessing", "tts_engine", "vocoder"):
+        ex = make_executor(StageContext(name, spec, spec.stages[name], ck, "cpu", 4))
+        ex.load()
+        out[name] = ex
+    return out
+
+
+def _voice(seed: int) -> np.ndarray:
+    t = np.arange(24_000) / 24_000
+    noise = np.random.default_rng(seed).normal(size=t.size)
+    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.02 * noise).astype(np.float32)
+
+
+def _speak(stages: dict, rid: str, wav: np.ndarray, key: str | None) -> bytes:
+    """One speech request through preprocessing -> tts_engine => vocoder; its pcm16 bytes."""
+    pre, talker, vocoder = stages["preprocessing"], stages["tts_engine"], stages["vocoder"]
+    meta = RequestMeta("speech", frozenset({"audio"}))
+    opts = {"role": "tts_options", "ref_text": "what the voice says"}
+    if key:
+        opts["voice_key"] = key
+    req = {"kind": "speech", "text": "cloned", "voice": "v", "voice_audio": wav,
+           "messages": [opts]}  # fmt: skip
+    pre.start(rid, meta, {"request": req})
+    ((kind, _, payload),) = pre.step()
+    assert kind == FINAL, payload
+    payload["max_new"] = MAX_NEW
+    talker.start(rid, meta, {"preprocessing": payload})
+    vocoder.start(rid, meta, {})
+    pcm, done = [], False
+    while not done:
+        for kind, _, data in talker.step():
+            if kind == "chunk":
+                vocoder.feed(rid, "tts_engine", data)
+            elif kind == "end":
+                vocoder.end_stream(rid, "tts_engine", data)
+        while vocoder.next_deadline() is not None:
+            for kind, _, data in vocoder.step():
+                if kind == OUT:
+                    pcm.append(data[1].tobytes())
+                done |= kind == DONE
+    return b"".join(pcm)
+
+
+def test_second_request_of_a_voice_reuses_codes_and_embedding(stages: dict) -> None:
+    codes, embeddings = stages["preprocessing"].voice_codes, stages["tts_engine"].voice_embeddings
+    alice, bob = _voice(1), _voice(2)
+    uncached = _speak(stages, "r0", alice, None)
+    assert (codes.computed, embeddings.computed, len(codes), len(embeddings)) == (1, 1, 0, 0)
+    first = _speak(stages, "r1", alice, "sha-alice")
+    second = _speak(stages, "r2", alice, "sha-alice")
+    assert (codes.computed, embeddings.computed) == (2, 2)  # the second request computed nothing
+    assert (codes.hits, embeddings.hits) == (1, 1)
+    assert len(first) > 0 and first == second == uncached
+    other = _speak(stages, "r3", bob, "sha-bob")
+    assert (codes.computed, embeddings.computed) == (3, 3) and other != first
+
+
+def test_cache_is_bounded_least_recently_used_first() -> None:
+    from worker.models.qwen3_tts.voice_cache import VoiceCache
+
+    cache = VoiceCache(capacity=2)
+    calls: list[str] = []
+
+    def get(key: str) -> str:
+        return cache.get(key, lambda: calls.append(key) or key.upper())
+
+    assert [get("a"), get("b"), get("a"), get("c")] == ["A", "B", "A", "C"]
+    assert len(cache) == 2 and calls == ["a", "b", "c"]  # "b" was least recently used
+    get("b")
+    assert calls == ["a", "b", "c", "b"] and cache.hits == 1
