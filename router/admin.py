@@ -7,26 +7,50 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import orjson
 
 from fleet.errors import ErrorCode, OmniError
+from router.auth import ClientAuth
+from router.dashboard import Dashboard
+from router.discovery import Discovery
 from router.http.client import http_get
+from router.http.server import ClientConnection, Request
 from router.http.wire import json_response, simple_response
+from router.metrics import Metrics
+from router.request_path import RequestPath
+from router.settings import RouterSettings
+from router.view import FleetView
 
-if TYPE_CHECKING:
-    from router.app import Router
-    from router.server import ClientConnection, Request
+
+class RouterParts(Protocol):
+    """What the admin endpoints read of the router (router.app.Router)."""
+
+    settings: RouterSettings
+    view: FleetView
+    metrics: Metrics
+    auth: ClientAuth
+    discovery: Discovery | None
+    requests: RequestPath
+    policy_name: str
+    started_at: float
+    stopping: bool
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
 
 class Admin:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterParts) -> None:
         self.router = router
+        self.dashboard = Dashboard(
+            router.auth, router.view, router.metrics, router.discovery, self.diagnostics
+        )
 
     def handle(self, client: ClientConnection, req: Request, path: bytes) -> None:
         if req.method != b"GET":
-            self.router.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "not found"))
+            self.router.requests.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "not found"))
             return
         if path == b"/live":
             client.respond(json_response({"status": "live"}, keep_alive=client.keep_alive), 200)
@@ -52,10 +76,12 @@ class Admin:
                 client.respond(json_response(self.diagnostics(), 200, client.keep_alive), 200)
             else:
                 self.router.spawn(self.models(client))
-        elif path == b"/dashboard" or path.startswith(b"/dashboard/"):
-            self.router.dashboard.handle(client, req, path)
+        elif (path == b"/dashboard" or path.startswith(b"/dashboard/")) and self.dashboard.handle(
+            client, req, path
+        ):
+            pass
         else:
-            self.router.fail(
+            self.router.requests.fail(
                 client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}")
             )
 
@@ -91,9 +117,9 @@ class Admin:
                 "processes": s.processes,
                 "listen": f"{s.host}:{s.port}",
                 "uptime_s": round(time.time() - self.router.started_at, 3),
-                "in_flight": self.router.in_flight,
-                "in_flight_limit": self.router.admission.max_in_flight,
-                "websocket_sessions": self.router.ws_sessions,
+                "in_flight": self.router.requests.in_flight,
+                "in_flight_limit": self.router.requests.admission.max_in_flight,
+                "websocket_sessions": self.router.requests.ws_sessions,
                 "session_header": s.session_header,
                 "affinity_bound": s.affinity_bound,
                 "api_keys": len(s.api_key),
@@ -130,7 +156,7 @@ class Admin:
                     w.port,
                     "/v1/models",
                     self.router.settings.probe_timeout_s,
-                    self.router.worker_token_line,
+                    self.router.requests.worker_token_line,
                 )
                 for w in static
             ),
@@ -152,13 +178,13 @@ class Admin:
     def gauges(self) -> dict[str, float]:
         workers = list(self.router.view.workers.values())
         return {
-            "in_flight": self.router.in_flight,
-            "websocket_sessions": self.router.ws_sessions,
+            "in_flight": self.router.requests.in_flight,
+            "websocket_sessions": self.router.requests.ws_sessions,
             "workers": len(workers),
             "workers_routable": sum(1 for w in workers if w.routable),
             "workers_draining": sum(1 for w in workers if w.record.status.value == "draining"),
             "workers_circuit_open": sum(1 for w in workers if w.health.breaker.value != "closed"),
             "redis_up": 1 if self.router.discovery is not None and self.router.discovery.up else 0,
-            "client_connections": len(self.router.clients),
-            "client_connections_limit": self.router.max_clients,
+            "client_connections": len(self.router.requests.clients),
+            "client_connections_limit": self.router.requests.max_clients,
         }

@@ -13,7 +13,7 @@ from router.http.wire import error_response
 from router.metrics import Metrics
 
 if TYPE_CHECKING:
-    from router.server import ClientConnection
+    from router.http.server import ClientConnection
 
 _MESSAGE = "missing or invalid API key (Authorization: Bearer ...)"
 

@@ -14,23 +14,16 @@ import time
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
+from router.loop import loop_factory
 from router.settings import RouterSettings
 
 _CHILD_ENV = "OMNI_ROUTER_CHILD"
 
 
-def _loop_factory():
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
-
-
 def serve(settings: RouterSettings) -> None:
     from router.app import Router
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(Router(settings).serve())
 
 

@@ -15,19 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from redis.exceptions import RedisError
 
-from fleet.errors import ErrorCode, OmniError
+from router.auth import ClientAuth
+from router.discovery import Discovery
+from router.http.server import ClientConnection, Request
 from router.http.wire import json_response, simple_response
-from router.metrics import BUCKETS
-
-if TYPE_CHECKING:
-    from router.app import Router
-    from router.server import ClientConnection, Request
+from router.metrics import BUCKETS, Metrics
+from router.view import FleetView
 
 PAGE = Path(__file__).with_name("static") / "dashboard.html"
 _REDIS_EVERY_S = 2.0
@@ -37,16 +36,26 @@ _NO_STORE = b"cache-control: no-store\r\n"
 
 
 class Dashboard:
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(
+        self,
+        auth: ClientAuth,
+        view: FleetView,
+        metrics: Metrics,
+        discovery: Discovery | None,
+        diagnostics: Callable[[], dict],
+    ) -> None:
+        self.auth = auth
+        self.view = view
+        self.metrics = metrics
+        self.discovery = discovery
+        self.diagnostics = diagnostics  # the router's /diagnostics document
         self._affinity: dict = {"bindings": None, "by_worker": {}, "capped": False, "moves": None}
         self._affinity_at = 0.0
         self._refreshing: asyncio.Task | None = None
         self._plans: dict[str, dict] = {}  # by digest: content-addressed, never stale
 
-    def handle(self, client: ClientConnection, req: Request, path: bytes) -> None:
-        """A GET under ``/dashboard``."""
-        router = self.router
+    def handle(self, client: ClientConnection, req: Request, path: bytes) -> bool:
+        """A GET under ``/dashboard``: False if it names no page here (the caller's 404)."""
         if path in (b"/dashboard", b"/dashboard/"):
             page = PAGE.read_bytes()  # a page load is rare; an edited page shows at once
             client.respond(
@@ -56,23 +65,23 @@ class Dashboard:
                 200,
             )
         elif path == b"/dashboard/state":
-            if not router.auth.accepts_request(req.headers):
-                router.auth.refuse(client)
-                return
+            if not self.auth.accepts_request(req.headers):
+                self.auth.refuse(client)
+                return True
             query = req.url.partition(b"?")[2].decode("latin-1")
             have = set(",".join(parse_qs(query).get("have", [])).split(","))
             client.respond(json_response(self.state(have), 200, client.keep_alive), 200)
             self._refresh_affinity_soon()
         else:
-            router.fail(client, OmniError(404, ErrorCode.NOT_FOUND, f"no route {path.decode()!r}"))
+            return False
+        return True
 
     def state(self, have_plans: set[str]) -> dict:
-        router = self.router
-        doc = router.admin.diagnostics()
+        doc = self.diagnostics()
         plans: dict[str, dict] = {}
         by_worker = self._affinity["by_worker"]
         for w in doc["workers"]:
-            state = router.view.workers.get(w["id"])
+            state = self.view.workers.get(w["id"])
             if state is None:
                 continue
             record = state.record
@@ -85,7 +94,7 @@ class Dashboard:
             plan = self._plans.get(record.plan_digest)
             if plan is not None and record.plan_digest not in have_plans:
                 plans[record.plan_digest] = plan
-        m = router.metrics
+        m = self.metrics
         routes = [r for r in m.hist if r not in _HIDDEN_ROUTES]
         doc["plans"] = plans
         doc["metrics"] = {
@@ -117,7 +126,7 @@ class Dashboard:
     def _refresh_affinity_soon(self) -> None:
         """Bindings, moves and plans live in Redis: read them in the background, seldom, one
         at a time, so a dashboard never holds up the request path or hammers Redis."""
-        disc = self.router.discovery
+        disc = self.discovery
         if disc is None or not disc.up:
             return
         if self._refreshing is not None and not self._refreshing.done():
@@ -127,12 +136,12 @@ class Dashboard:
         self._refreshing = asyncio.get_running_loop().create_task(self._refresh_affinity())
 
     async def _refresh_affinity(self) -> None:
-        disc = self.router.discovery
+        disc = self.discovery
         assert disc is not None
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             by_worker, counted = await disc.store.session_bindings(_BINDINGS_LIMIT)
             moves = await disc.store.affinity_moves()
-            digests = {w.record.plan_digest for w in self.router.view.workers.values()}
+            digests = {w.record.plan_digest for w in self.view.workers.values()}
             missing = sorted(d for d in digests if d and d not in self._plans)
             self._plans.update(await disc.store.plans(missing))
             self._affinity = {

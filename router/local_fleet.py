@@ -37,6 +37,7 @@ from pydantic import SecretStr
 
 from fleet.redis_server import RedisServer, free_port
 from router.http.client import http_get
+from router.loop import loop_factory
 from router.settings import RouterSettings
 
 log = logging.getLogger("omni.router.local")
@@ -431,9 +432,7 @@ def run(settings: RouterSettings) -> int:
         routed = settings.model_copy(
             update={"redis_url": SecretStr(fleet.redis_url), "local_workers": 0}
         )
-        from router.cli import _loop_factory
-
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             code = runner.run(_serve(routed, fleet))
     except (LocalFleetError, OSError) as exc:  # OSError: e.g. the router's port is taken
         print(f"omni-router: {exc}", file=sys.stderr)

@@ -35,7 +35,7 @@ def test_base_install_runs_the_router_without_torch(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr
     assert "--port" in helped.stdout
     probe = (
-        "import sys, router.cli, router.app, router.server; "
+        "import sys, router.cli, router.app, router.http.server; "
         "heavy = {'torch', 'transformers', 'fastapi', 'yaml', 'rich'} & set(sys.modules); "
         "sys.exit(f'imported {heavy}' if heavy else 0)"
     )

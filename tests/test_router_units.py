@@ -221,7 +221,7 @@ def test_connection_cap_leaves_the_reserve() -> None:
 
 
 def test_retry_backoff_is_full_jitter_doubling() -> None:
-    from router.app import retry_backoff
+    from router.dispatch import retry_backoff
 
     for attempt, ceiling in ((1, 0.02), (2, 0.04), (3, 0.08)):
         assert all(0 <= retry_backoff(0.02, attempt) <= ceiling for _ in range(200))

@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httptools
 
 from router.http.headers import connection_named, without_headers
-from router.http.pool import peek_socket, peer_closed
+from router.http.sockets import peek_socket, peer_closed
 from router.http.wire import DROP_RESPONSE, chunk, sse_error_event, status_line
-
-if TYPE_CHECKING:
-    from router.http.pool import Pool
 
 IDLE, WAITING, BODY = 0, 1, 2
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
@@ -46,6 +43,13 @@ class Downstream(Protocol):
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
     def upstream_refused(self, conn: Upstream) -> None: ...
     def upstream_reset(self, conn: Upstream) -> None: ...
+
+
+class ConnectionPool(Protocol):
+    """Where a connection goes back when its exchange is over (router.http.pool.Pool)."""
+
+    def put(self, conn: Upstream) -> None: ...
+    def discard(self, conn: Upstream) -> None: ...
 
 
 class Upstream(asyncio.Protocol):
@@ -75,7 +79,7 @@ class Upstream(asyncio.Protocol):
         "until_close",
     )
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)

@@ -1,12 +1,14 @@
 """The client side: one protocol instance per client connection (HTTP/1.1 keep-alive,
-pipelining answered in order, WebSocket upgrades spliced to a worker)."""
+pipelining answered in order, WebSocket upgrades spliced to a worker). It parses and bounds
+requests; what to do with them is the router's (the narrow ``Handler`` interface below)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import httptools
 
@@ -19,9 +21,52 @@ STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
 RESENDABLE_UPLOAD = b"/v1/audio/transcriptions"  # no side effect: may go to a second worker
 
 if TYPE_CHECKING:
-    from router.app import Dispatch, Router
+    from router.dispatch import Dispatch
     from router.http.proxy import Upstream
     from router.view import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What one client connection may send (413 / 414 / 431, and pipelining backpressure)."""
+
+    max_body: int
+    max_url: int
+    max_header_bytes: int
+    max_pipelined: int
+
+
+class ConnectionMetrics(Protocol):
+    """The counters a client connection bumps itself (router.metrics.Metrics)."""
+
+    idle_closed: int
+
+    def request(self, route: str, status: int, seconds: float) -> None: ...
+    def error(self, route: str, code: ErrorCode) -> None: ...
+
+
+class Handler(Protocol):
+    """What a client connection needs from the router (router.request_path.RequestPath): its
+    limits and counters, where parsed requests go, and where each exchange with a worker ends
+    (the ``upstream_*`` calls of the relay, passed on with the client)."""
+
+    limits: ClientLimits
+    metrics: ConnectionMetrics
+
+    def connection_opened(self, client: ClientConnection) -> bytes | None:
+        """None: the connection is served; else the response that refuses it (then closed)."""
+        ...
+
+    def connection_closed(self, client: ClientConnection) -> None: ...
+    def handle(self, client: ClientConnection, req: Request) -> None: ...
+    def start_websocket(self, client: ClientConnection, req: Request) -> None: ...
+    def exchange_done(
+        self, client: ClientConnection, conn: Upstream, status: int, interrupted: str | None
+    ) -> None: ...
+    def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None: ...
+    def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None: ...
+    def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None: ...
+    def exchange_aborted(self, client: ClientConnection) -> None: ...
 
 
 class HeadTooLarge(Exception):
@@ -60,6 +105,7 @@ class ClientConnection(asyncio.Protocol):
         "closed",
         "dispatch",
         "extra_headers",
+        "handler",
         "head_bound",
         "head_error",
         "head_first",
@@ -81,7 +127,6 @@ class ClientConnection(asyncio.Protocol):
         "pipeline_full",
         "read_len",
         "route",
-        "router",
         "rx",
         "rx_seen",
         "small_head",
@@ -105,15 +150,15 @@ class ClientConnection(asyncio.Protocol):
         "ws_pending",
     )
 
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        settings = router.settings
-        self.max_body = settings.max_body_bytes
-        self.max_url = settings.max_url_bytes
-        self.max_header_bytes = settings.max_header_bytes
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        limits = handler.limits
+        self.max_body = limits.max_body
+        self.max_url = limits.max_url
+        self.max_header_bytes = limits.max_header_bytes
         # a head that came in one read no longer than this is within both limits: unchecked
         self.small_head = min(self.max_url, self.max_header_bytes)
-        self.max_pipelined = settings.max_pipelined
+        self.max_pipelined = limits.max_pipelined
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -168,23 +213,11 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
-        router = self.router
-        if len(router.clients) >= router.max_clients:
-            # refused while descriptors are left for probes, Redis and worker connections
-            router.metrics.connections_refused += 1
+        refusal = self.handler.connection_opened(self)
+        if refusal is not None:
             self.closed = True
-            transport.write(
-                error_response(
-                    503,
-                    ErrorCode.TOO_MANY_CONNECTIONS,
-                    "the router is at its connection limit; retry shortly",
-                    keep_alive=False,
-                    extra=router.retry_after_line,
-                )
-            )
+            transport.write(refusal)
             transport.close()
-            return
-        router.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
         self.rx += 1
@@ -202,7 +235,7 @@ class ClientConnection(asyncio.Protocol):
             self.upgrade_req = None
             if req is not None and not self.closed:
                 self.ws_pending = bytearray(data[exc.args[0] :])
-                self.router.start_websocket(self, req)
+                self.handler.start_websocket(self, req)
             return
         except httptools.HttpParserError:
             if not self.closed:
@@ -233,7 +266,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.router.clients.discard(self)
+        self.handler.connection_closed(self)
         self.pending.clear()
         self.pending_bytes = 0
         if self.tunnel is not None:
@@ -242,7 +275,7 @@ class ClientConnection(asyncio.Protocol):
         if upstream is not None:
             self.upstream = None
             upstream.detach()  # the worker sees the disconnect and can abort its work
-            self.router.exchange_aborted(self)
+            self.handler.exchange_aborted(self)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -408,7 +441,7 @@ class ClientConnection(asyncio.Protocol):
         self.http11 = req.http11
         self.head_only = req.method == b"HEAD"
         self.started = time.monotonic()
-        self.router.handle(self, req)
+        self.handler.handle(self, req)
 
     def finish(self) -> None:
         """The current exchange is over: close, or answer the next pipelined request."""
@@ -441,25 +474,25 @@ class ClientConnection(asyncio.Protocol):
             data = data[: data.find(b"\r\n\r\n") + 4]
         if not self.closed:
             self.transport.write(data)
-        self.router.metrics.request(self.route, status, time.monotonic() - self.started)
+        self.handler.metrics.request(self.route, status, time.monotonic() - self.started)
         self.finish()
 
     def reject(self, status: int, code: ErrorCode, message: str) -> None:
         """An error before any request could be dispatched (parse errors, size limits)."""
-        self.router.metrics.error("other", code)
-        self.router.metrics.request("other", status, 0.0)
+        self.handler.metrics.error("other", code)
+        self.handler.metrics.request("other", status, 0.0)
         self.closed = True
         self.transport.write(error_response(status, code, message, keep_alive=False))
         self.transport.close()
         if self.upstream is not None:
             self.upstream.detach()
             self.upstream = None
-            self.router.exchange_aborted(self)
+            self.handler.exchange_aborted(self)
 
     def idle_out(self) -> None:
         """No request under way for the idle timeout: hang up (RFC 9112 9.8 lets a server
         close an idle persistent connection at any time)."""
-        self.router.metrics.idle_closed += 1
+        self.handler.metrics.idle_closed += 1
         self.closed = True
         self.transport.close()
 
@@ -507,13 +540,13 @@ class ClientConnection(asyncio.Protocol):
 
     # called by the relay (router.http.proxy.Upstream)
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None:
-        self.router.exchange_done(self, conn, status, interrupted)
+        self.handler.exchange_done(self, conn, status, interrupted)
 
     def upstream_failed(self, conn: Upstream, reason: str) -> None:
-        self.router.exchange_failed(self, conn, reason)
+        self.handler.exchange_failed(self, conn, reason)
 
     def upstream_refused(self, conn: Upstream) -> None:
-        self.router.exchange_refused(self, conn)
+        self.handler.exchange_refused(self, conn)
 
     def upstream_reset(self, conn: Upstream) -> None:
-        self.router.exchange_reset(self, conn)
+        self.handler.exchange_reset(self, conn)

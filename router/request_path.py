@@ -1,0 +1,620 @@
+"""The request path: classify -> admit -> affinity/policy -> connect (with retries) -> relay,
+for HTTP requests and WebSocket upgrades alike, and the end of every exchange (load released,
+health and metrics recorded, a refused or reset request sent elsewhere). The common request (no
+session key, an idle pooled connection) runs synchronously inside the client's
+``data_received`` callback: no task, no Redis round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from fleet.api_keys import API_KEY_ID_HEADER, api_key_id
+from fleet.errors import ErrorCode, OmniError
+from fleet.records import Endpoint
+from router.admission import Admission
+from router.affinity import Affinity
+from router.auth import ClientAuth
+from router.classify import UNSERVED, Classified, check_session_key, classify_json, route_of
+from router.dispatch import Dispatch, retry_backoff
+from router.http.headers import read_client_headers
+from router.http.proxy import BODY, WAITING, Upstream
+from router.http.server import ClientConnection, ClientLimits, Request
+from router.http.tunnel import Tunnel
+from router.http.wire import error_response
+from router.metrics import AffinityOutcome, Metrics
+from router.policies import CHOOSERS
+from router.probes import Prober
+from router.resources import is_exhaustion
+from router.settings import RouterSettings
+from router.view import FleetView, WorkerState
+
+log = logging.getLogger("omni.router")
+_SWEEP_S = 0.25
+_IDLE_SWEEP_EVERY = 4  # idle client connections are looked at every 4th sweep (1 s)
+_NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
+# generation requests: no side effect beyond the answer, so one that no worker answered may be
+# sent again (voices are not: an upload may have been stored before the connection broke)
+_RESENDABLE = frozenset({Endpoint.CHAT, Endpoint.SPEECH, Endpoint.TRANSCRIPTION})
+_METHODS = {
+    Endpoint.CHAT: frozenset({b"POST"}),
+    Endpoint.SPEECH: frozenset({b"POST"}),
+    Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
+    Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
+    Endpoint.REALTIME: frozenset({b"GET"}),
+}
+Conn = TypeVar("Conn")
+AdminRoutes = Callable[[ClientConnection, Request, bytes], None]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class RequestPath:
+    """The router's side of every client connection (router.http.server.Handler)."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        view: FleetView,
+        metrics: Metrics,
+        admission: Admission,
+        affinity: Affinity,
+        auth: ClientAuth,
+        prober: Prober,
+        admin_routes: AdminRoutes,
+        spawn: Spawn,
+        worker_token_line: bytes,
+    ) -> None:
+        self.settings = settings
+        self.view = view
+        self.metrics = metrics
+        self.admission = admission
+        self.affinity = affinity
+        self.auth = auth
+        self.prober = prober
+        self.admin_routes = admin_routes
+        self.spawn = spawn
+        self.worker_token_line = worker_token_line
+        self.limits = ClientLimits(
+            settings.max_body_bytes,
+            settings.max_url_bytes,
+            settings.max_header_bytes,
+            settings.max_pipelined,
+        )
+        self.choose = CHOOSERS[settings.policy]
+        self.check_keys = auth.required  # read per request: a plain attribute
+        self.session_header = settings.session_header.encode()
+        self.session_from_user = settings.session_from_user
+        self.rid_prefix = os.urandom(4).hex().encode() + b"-"
+        self.rid_counter = itertools.count(1)
+        self.retry_after_line = b"retry-after: %d\r\n" % settings.retry_after_s
+        self.in_flight = 0
+        self.ws_sessions = 0
+        self.active: set[ClientConnection] = set()  # clients with an exchange under way
+        self.clients: set[ClientConnection] = set()  # every open client connection
+        self.max_clients = 1 << 30  # set from the descriptor budget when serving starts
+
+    # -- client connections ------------------------------------------------------------------
+
+    def connection_opened(self, client: ClientConnection) -> bytes | None:
+        if len(self.clients) >= self.max_clients:
+            # refused while descriptors are left for probes, Redis and worker connections
+            self.metrics.connections_refused += 1
+            return error_response(
+                503,
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                "the router is at its connection limit; retry shortly",
+                keep_alive=False,
+                extra=self.retry_after_line,
+            )
+        self.clients.add(client)
+        return None
+
+    def connection_closed(self, client: ClientConnection) -> None:
+        self.clients.discard(client)
+
+    # -- request path ----------------------------------------------------------------------
+
+    def handle(self, client: ClientConnection, req: Request) -> None:
+        url = req.url
+        q = url.find(b"?")
+        path = url if q < 0 else url[:q]
+        route = route_of(path)
+        if route is None:
+            unserved = UNSERVED.get(path)
+            if unserved is not None:
+                client.route = "other"
+                err = OmniError(404, ErrorCode.ENDPOINT_NOT_SERVED, unserved)
+                self.fail(client, err)
+                return
+            client.route = "models" if path == b"/v1/models" else "admin"
+            self.admin_routes(client, req, path)
+            return
+        endpoint, json_routed = route
+        client.route = endpoint.value
+        if req.method not in _METHODS[endpoint]:
+            self.fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
+            return
+        fwd, auth, ctype, session = read_client_headers(
+            req.headers, self.session_header, not self.check_keys
+        )
+        if self.check_keys and not self.auth.accepts(auth):
+            self.auth.refuse(client)
+            return
+        if self.check_keys and endpoint is Endpoint.VOICES:  # per-key voice quotas and owners
+            assert auth is not None
+            fwd += (
+                API_KEY_ID_HEADER.encode(),
+                b": ",
+                api_key_id(auth[7:].strip()).encode(),
+                b"\r\n",
+            )
+        if endpoint is Endpoint.REALTIME:
+            self.fail(
+                client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
+            )
+            return
+        if json_routed:
+            try:
+                c = classify_json(endpoint, req.body, ctype, self.session_from_user)
+            except OmniError as exc:
+                self.fail(client, exc)
+                return
+        else:
+            c = Classified(endpoint)
+        admitted = self._admit(client, c, session)
+        if admitted is None:
+            return
+        capable, open_ = admitted
+        self.in_flight += 1
+        body = req.body
+        rid_line = self._rid_line()
+        if body is None:  # a streamed upload: its body follows, framed as the client framed it
+            body = b""
+            length = client.upload_length
+            fwd.append(
+                b"transfer-encoding: chunked\r\n"
+                if length is None
+                else b"content-length: " + length + b"\r\n"
+            )
+        elif body or req.method not in _NO_LENGTH_METHODS:
+            fwd.append(b"content-length: %d\r\n" % len(body))
+        if c.session_key is not None:  # the worker learns the key the router routed on
+            fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
+        fwd += (rid_line, self.worker_token_line, b"\r\n")
+        d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
+        d.retryable = req.body is not None
+        if c.session_key is None:
+            self.metrics.affinity["none"] += 1
+            self.metrics.policy["chosen"] += 1
+            self._send(client, self.choose(open_, c.stage_class, None), d)
+        else:
+            self.spawn(self._dispatch_session(client, d, capable, open_))
+
+    def _admit(
+        self, client: ClientConnection, c: Classified, session: bytes | None
+    ) -> tuple[list[WorkerState], list[WorkerState]] | None:
+        """(capable, with capacity) workers, or None once the client has its error response."""
+        try:
+            if session is not None:
+                c.session_key = check_session_key(session.decode("latin-1"))
+            return self.admission.admit(c, self.in_flight)
+        except OmniError as exc:
+            outcome = getattr(exc, "outcome", None)
+            if outcome is not None:
+                self.metrics.policy[outcome.value] += 1
+            self.fail(client, exc)
+            return None
+
+    def _rid_line(self) -> bytes:
+        return b"x-omni-request-id: %b%x\r\n" % (self.rid_prefix, next(self.rid_counter))
+
+    async def _dispatch_session(
+        self,
+        client: ClientConnection,
+        d: Dispatch,
+        capable: list[WorkerState],
+        open_: list[WorkerState],
+    ) -> None:
+        worker = await self._session_worker(d, capable, open_)
+        if client.closed:
+            self.in_flight -= 1
+            return
+        self._send(client, worker, d)
+
+    async def _session_worker(
+        self, d: Dispatch, capable: list[WorkerState], open_: list[WorkerState]
+    ) -> WorkerState:
+        """The worker for a request or WebSocket with a session key (Redis affinity). A new
+        session's binding is undone if its worker refuses the request (``d.bind_key``)."""
+        c = d.c
+        worker, outcome = await self.affinity.resolve(
+            c.session_key,  # type: ignore[arg-type]
+            capable,
+            open_,
+            self.choose,
+            c.stage_class,
+        )
+        self.metrics.affinity[outcome.value] += 1
+        self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
+        if outcome is AffinityOutcome.NEW:
+            d.bind_key = c.session_key
+        return worker
+
+    def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
+        conn = worker.pool.take()  # type: ignore[union-attr]
+        if conn is None:
+            self.spawn(self._connect_and_send(client, worker, d))
+        else:
+            self._attach(client, worker, conn, d)
+
+    def _attach(
+        self, client: ClientConnection, worker: WorkerState, conn: Upstream, d: Dispatch
+    ) -> None:
+        worker.in_flight += 1
+        worker.requests += 1
+        client.worker = worker
+        client.upstream = conn
+        client.dispatch = d
+        client.extra_headers = d.rid_line + worker.id_line
+        conn.send(client, d.reqline + worker.host_line + d.head_tail + d.body)
+        if client.uploading or client.upload_ended:
+            client.upload_attached(conn)
+        if client.paused:
+            conn.pause_reading()
+        self.active.add(client)
+
+    async def _connect_and_send(
+        self, client: ClientConnection, worker: WorkerState, d: Dispatch
+    ) -> None:
+        connected = await self._connect(client, worker, d, _open_upstream)
+        if connected is None:
+            return
+        worker, conn = connected
+        if client.closed:
+            worker.pool.put(conn)  # type: ignore[union-attr]
+            self.in_flight -= 1
+            return
+        self._attach(client, worker, conn, d)
+
+    async def _connect(
+        self,
+        client: ClientConnection,
+        worker: WorkerState,
+        d: Dispatch,
+        open_conn: Callable[[WorkerState, float], Awaitable[Conn]],
+    ) -> tuple[WorkerState, Conn] | None:
+        """A connection for ``d`` from ``open_conn``: to ``worker``, or after a failure to
+        connect (nothing of the request was sent) to the next worker, within the request's
+        deadline and ``max_attempts``. None once the client has its answer (or is gone). The
+        one connect-with-retry of requests and WebSocket upgrades."""
+        s = self.settings
+        if not d.deadline:
+            d.deadline = time.monotonic() + s.request_deadline_s
+        while True:
+            timeout = min(s.connect_timeout_s, max(0.001, d.deadline - time.monotonic()))
+            try:
+                return worker, await open_conn(worker, timeout)
+            except (OSError, TimeoutError) as exc:
+                nxt = await self._after_connect_failure(client, worker, d, exc)
+                if nxt is None:
+                    return None
+                worker = nxt
+
+    async def _after_connect_failure(
+        self, client: ClientConnection, worker: WorkerState, d: Dispatch, exc: BaseException
+    ) -> WorkerState | None:
+        """Connecting to ``worker`` failed, so nothing of the request was sent: the next worker
+        to try, after a jittered backoff; None once the client has its answer (or is gone)."""
+        if is_exhaustion(exc):  # the router's own fault: no worker is to blame
+            self._exhausted(client, exc)
+            return None
+        s = self.settings
+        self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
+        d.tried.add(worker.id)
+        d.attempt += 1
+        nxt = self._retry_target(d)
+        backoff = retry_backoff(s.retry_backoff_s, d.attempt)
+        if nxt is None or d.attempt >= s.max_attempts or time.monotonic() + backoff >= d.deadline:
+            self.in_flight -= 1
+            message = f"could not connect to a worker ({d.attempt} tried)"
+            self.fail(
+                client, OmniError(503, ErrorCode.WORKER_UNAVAILABLE, message), retry_after=True
+            )
+            return None
+        self.metrics.policy["retried"] += 1
+        await asyncio.sleep(backoff)
+        if client.closed:
+            self.in_flight -= 1
+            return None
+        return nxt
+
+    def _exhausted(self, client: ClientConnection, exc: BaseException) -> None:
+        """The router could not open a worker connection for want of its own resources."""
+        self.in_flight -= 1
+        self.metrics.resource_errors += 1
+        log.warning("router out of resources, request refused: %s", exc)
+        self.fail(
+            client,
+            OmniError(
+                503,
+                ErrorCode.ROUTER_EXHAUSTED,
+                "the router is out of connections; retry shortly",
+            ),
+            retry_after=True,
+        )
+
+    def _retry_target(self, d: Dispatch) -> WorkerState | None:
+        try:
+            _, open_ = self.admission.admit(d.c, 0)
+        except OmniError:
+            return None
+        rest = [w for w in open_ if w.id not in d.tried]
+        return self.choose(rest, d.c.stage_class, d.c.session_key) if rest else None
+
+    # called from ClientConnection when the relay ends
+    def exchange_done(
+        self, client: ClientConnection, conn: Upstream, status: int, interrupted: str | None
+    ) -> None:
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+            health = worker.health
+            if interrupted is not None:
+                worker.errors += 1
+                self.metrics.error(client.route, ErrorCode.STREAM_INTERRUPTED)
+                log.warning("stream from worker %s interrupted: %s", worker.id, interrupted)
+                self._transport_failure(worker, interrupted)
+            elif status >= 500 and status != 503:
+                worker.errors += 1
+                self._worker_failure(worker, f"HTTP {status}")
+            elif health.consecutive_failures:
+                health.request_succeeded()
+        elapsed = time.monotonic() - client.started
+        if worker is not None:
+            worker.latency += 0.2 * (elapsed - worker.latency)
+            d = client.dispatch
+            if d is not None and d.bind_key is not None and status >= 400:
+                self.spawn(self.affinity.unbind(d.bind_key, worker.id))
+        self.metrics.request(client.route, status, elapsed)
+        client.finish()
+
+    def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None:
+        """The request was sent but no response head came back: never retried."""
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+            worker.errors += 1
+            self._transport_failure(worker, reason)
+        if reason.startswith("timeout"):
+            err = OmniError(504, ErrorCode.WORKER_TIMEOUT, reason)
+        else:
+            err = OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
+        client.upstream = None
+        self.fail(client, err, extra=client.extra_headers)
+
+    def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None:
+        """The worker answered 503 ``draining``: it refused the request before doing anything
+        (it began draining after it was chosen), so the request goes to another worker."""
+        self._resend_elsewhere(
+            client, OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining")
+        )
+
+    def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None:
+        """The worker closed or reset the connection before sending a single response byte
+        (killed mid-request, or a pooled connection it closed as the request went out). A
+        generation request that the router holds whole goes to another worker; anything
+        else (a voice upload above all: the voice may be stored) fails as sent."""
+        d = client.dispatch
+        reason = "worker closed the connection before answering"
+        if (
+            d is None
+            or d.c.endpoint not in _RESENDABLE
+            or not (d.retryable or client.rewind_upload())  # a transcription's kept upload
+        ):
+            self.exchange_failed(client, conn, reason)
+            return
+        worker = client.worker
+        if worker is not None:
+            worker.errors += 1
+            self._transport_failure(worker, reason)
+        self._resend_elsewhere(
+            client, OmniError(502, ErrorCode.WORKER_UNAVAILABLE, f"worker failed: {reason}")
+        )
+
+    def _resend_elsewhere(self, client: ClientConnection, err: OmniError) -> None:
+        """Send the client's current request, unanswered by its worker, to another one; or
+        answer ``err`` when no other worker (or attempt) is left."""
+        worker = client.worker
+        d: Dispatch = client.dispatch  # type: ignore[assignment]
+        self.active.discard(client)
+        client.upstream = None
+        if worker is not None:
+            worker.in_flight -= 1
+            d.tried.add(worker.id)
+        d.attempt += 1
+        nxt = self._retry_target(d) if d.attempt < self.settings.max_attempts else None
+        if nxt is None:
+            self.in_flight -= 1
+            self.fail(client, err, retry_after=err.status == 503, extra=client.extra_headers)
+            return
+        self.metrics.policy["retried"] += 1
+        self._send(client, nxt, d)
+
+    def exchange_aborted(self, client: ClientConnection) -> None:
+        """The client went away mid-exchange."""
+        worker = client.worker
+        self.in_flight -= 1
+        self.active.discard(client)
+        if worker is not None:
+            worker.in_flight -= 1
+        self.metrics.request(client.route, 499, time.monotonic() - client.started)
+        client.finish()
+
+    def _transport_failure(self, worker: WorkerState, reason: str) -> None:
+        self._worker_failure(worker, reason)
+        self.prober.probe_soon(worker)
+
+    def _worker_failure(self, worker: WorkerState, reason: str) -> None:
+        before = worker.health.breaker
+        worker.health.request_failed(reason)
+        if worker.health.breaker is not before:
+            self.view.version += 1
+            log.warning("circuit of worker %s opened: %s", worker.id, reason)
+
+    # -- responses made by the router ------------------------------------------------------
+
+    def fail(
+        self,
+        client: ClientConnection,
+        err: OmniError,
+        retry_after: bool = False,
+        extra: bytes = b"",
+    ) -> None:
+        self.metrics.error(client.route, err.code)
+        if retry_after or err.status == 429:
+            extra += self.retry_after_line
+        data = error_response(
+            err.status, err.code, err.message, client.keep_alive, extra, err.param
+        )
+        client.respond(data, err.status)
+
+    # -- WebSocket ---------------------------------------------------------------------------
+
+    def start_websocket(self, client: ClientConnection, req: Request) -> None:
+        client.started = time.monotonic()
+        client.keep_alive = False
+        url = req.url
+        path = url.split(b"?", 1)[0]
+        route = route_of(path)
+        client.route = route[0].value if route else "other"
+        fwd, auth, _, session = read_client_headers(
+            req.headers, self.session_header, not self.check_keys
+        )
+        if self.check_keys and not self.auth.accepts(auth):
+            self.auth.refuse(client)
+            return
+        if route is None:
+            self.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
+            return
+        c = Classified(route[0])
+        admitted = self._admit(client, c, session)
+        if admitted is None:
+            return
+        capable, open_ = admitted
+        self.in_flight += 1
+        rid_line = self._rid_line()
+        fwd += (b"connection: Upgrade\r\nupgrade: websocket\r\n", rid_line, self.worker_token_line)
+        if c.session_key is not None:
+            fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
+        fwd.append(b"\r\n")
+        d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)
+        self.spawn(self._websocket(client, d, capable, open_))
+
+    async def _websocket(
+        self,
+        client: ClientConnection,
+        d: Dispatch,
+        capable: list[WorkerState],
+        open_: list[WorkerState],
+    ) -> None:
+        c = d.c
+        if c.session_key is not None:
+            worker = await self._session_worker(d, capable, open_)
+        else:
+            worker = self.choose(open_, c.stage_class, None)
+            self.metrics.affinity[AffinityOutcome.NONE.value] += 1
+            self.metrics.policy["chosen"] += 1
+        if client.closed:
+            self.in_flight -= 1
+            return
+        loop = asyncio.get_running_loop()
+
+        async def open_tunnel(w: WorkerState, timeout: float) -> asyncio.Transport:
+            tunnel = Tunnel(
+                client.transport, d.rid_line + w.id_line, self._tunnel_closed(client, w)
+            )
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: tunnel, w.host, w.port), timeout
+            )
+            return transport
+
+        connected = await self._connect(client, worker, d, open_tunnel)
+        if connected is None:
+            return
+        worker, transport = connected
+        worker.in_flight += 1
+        worker.requests += 1
+        self.ws_sessions += 1
+        pending = client.ws_pending or b""
+        client.ws_pending = None
+        client.tunnel = transport
+        transport.write(d.reqline + worker.host_line + d.head_tail + bytes(pending))
+        if client.closed:
+            transport.close()
+
+    def _tunnel_closed(self, client: ClientConnection, worker: WorkerState) -> Callable[[], None]:
+        """What a WebSocket tunnel to ``worker`` calls when it closes: its load released once."""
+        done = False
+
+        def closed() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            worker.in_flight -= 1
+            self.in_flight -= 1
+            self.ws_sessions -= 1
+            self.metrics.request(client.route, 101, time.monotonic() - client.started)
+
+        return closed
+
+    async def sweep(self) -> None:
+        """Headers and idle-between-chunks timeouts, checked for every exchange at once."""
+        s = self.settings
+        for tick in itertools.count():
+            await asyncio.sleep(_SWEEP_S)
+            now = time.monotonic()
+            self.affinity.log_summary(now)
+            for client in list(self.active):
+                conn = client.upstream
+                if conn is None:
+                    continue
+                if conn.state == WAITING and now - conn.sent_at > s.headers_timeout_s:
+                    conn.abort(f"timeout: no response headers within {s.headers_timeout_s:g}s")
+                elif conn.state == BODY and now - conn.last_activity > s.idle_timeout_s:
+                    conn.abort(f"timeout: worker sent nothing for {s.idle_timeout_s:g}s")
+            # slow clients (slowloris): a request that stopped arriving, while we were reading;
+            # idle ones: no request under way (never started, or kept alive after one)
+            idle_too = tick % _IDLE_SWEEP_EVERY == 0
+            for client in list(self.clients):
+                if client.closed or client.tunnel is not None or client.ws_pending is not None:
+                    continue
+                if client.in_request:
+                    if client.rx != client.rx_seen or not client.transport.is_reading():
+                        client.rx_seen = client.rx
+                        client.stall_at = now
+                    elif now - client.stall_at > s.client_timeout_s:
+                        client.stalled(s.client_timeout_s)
+                elif idle_too and not client.busy:
+                    if client.rx != client.rx_seen:  # finish() resets rx_seen: clock restarts
+                        client.rx_seen = client.rx
+                        client.stall_at = now
+                    elif now - client.stall_at > s.client_idle_timeout_s:
+                        client.idle_out()
+
+
+async def _open_upstream(worker: WorkerState, timeout: float) -> Upstream:
+    """An idle pooled connection to ``worker``, else a new one."""
+    pool = worker.pool
+    assert pool is not None  # every routable worker has one
+    conn = pool.take()
+    return conn if conn is not None else await pool.connect(Upstream, timeout)
