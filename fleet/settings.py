@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,9 +24,22 @@ class OmniSettings(BaseSettings):
         validate_default=True,
     )
 
-    redis_url: SecretStr | None = None
-    fleet: str = "default"
-    log_level: str = "info"
+    redis_url: SecretStr | None = Field(
+        None, description="fleet state in Redis, e.g. redis://:PASSWORD@HOST:6379/0"
+    )
+    fleet: str = Field(
+        "default",
+        description="fleet name: routers and workers of one fleet share it (Redis key prefix)",
+        json_schema_extra={"metavar": "NAME"},
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        "info", description="lowest level of log line written"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level
 
 
 def redacted_url(url: str) -> str:

@@ -12,9 +12,11 @@ Exit status: 0 the plan fits; 1 it does not fit (the errors say where and what w
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -28,6 +30,19 @@ def _console(stderr: bool = False) -> Console:
     return Console(width=width, stderr=stderr, highlight=False, soft_wrap=False)
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def _option(parser: argparse._ActionsContainer, flag: str, help: str, **kwargs: Any) -> None:
+    """``--flag``, also read from its ``OMNI_`` variable (as the worker's flags are): the same
+    variables give ``omni-plan`` the plan that ``omni-worker`` would make on this node."""
+    env = "OMNI_" + flag[2:].replace("-", "_").upper()
+    value = os.environ.get(env)
+    if value:  # argparse converts a string default with the option's ``type``
+        kwargs["default"] = value.lower() in _TRUE if kwargs.get("action") else value
+    parser.add_argument(flag, help=f"{help} [env: {env}]", **kwargs)
+
+
 def _plan_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="omni-plan",
@@ -38,17 +53,30 @@ def _plan_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec", help="a model spec (configs/models/*.yaml) or a model directory")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--gpus", help="GPUs of one node, e.g. 2xH100-80GB (default: no GPUs)")
-    where.add_argument("--inventory", type=Path, help="YAML inventory of one or more nodes")
-    p.add_argument("--override-file", type=Path, help="YAML with stages.<stage>.<field> values")
-    p.add_argument("--json", action="store_true", help="print the launch plan as JSON")
-    p.add_argument("--svg", type=Path, help="write a picture of each GPU's memory to this file")
-    p.add_argument("--max-replicas-per-node", type=int, default=None, metavar="N")
-    p.add_argument(
+    _option(
+        where, "--gpus", "GPUs of one node, e.g. 2xH100-80GB (default: no GPUs)", metavar="GPUS"
+    )
+    _option(where, "--inventory", "YAML inventory of one or more nodes", type=Path, metavar="PATH")
+    _option(
+        p, "--override-file", "YAML of stages.<stage>.<field> values", type=Path, metavar="PATH"
+    )
+    _option(p, "--json", "print the launch plan as JSON", action="store_true")
+    _option(
+        p, "--svg", "write a picture of each GPU's memory to this file", type=Path, metavar="PATH"
+    )
+    _option(
+        p,
+        "--max-replicas-per-node",
+        "at most this many pipelines on one node (default: as many as fit)",
+        type=int,
+        metavar="N",
+    )
+    _option(
+        p,
         "--model-dir",
+        "a checkpoint directory or Hugging Face repo id (from the local cache) to plan instead "
+        "of the spec's model_dir",
         metavar="DIR",
-        help="a checkpoint directory or Hugging Face repo id (from the local cache) to plan "
-        "instead of the spec's model_dir",
     )
     return p
 
@@ -58,9 +86,11 @@ def _explain_parser() -> argparse.ArgumentParser:
         prog="omni-plan explain",
         description="Where a resolved value came from and what it overrode.",
     )
-    p.add_argument("spec")
+    p.add_argument("spec", help="a model spec (configs/models/*.yaml) or a model directory")
     p.add_argument("path", help="stages.<stage>.<field> or <stage>.<field>")
-    p.add_argument("--override-file", type=Path)
+    _option(
+        p, "--override-file", "YAML of stages.<stage>.<field> values", type=Path, metavar="PATH"
+    )
     return p
 
 

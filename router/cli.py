@@ -14,6 +14,7 @@ import time
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
+from fleet.cli_help import cli_source
 from router.loop import loop_factory
 from router.settings import RouterSettings
 
@@ -68,7 +69,9 @@ def supervise(settings: RouterSettings, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        settings = CliApp.run(RouterSettings, cli_args=argv)
+        settings = CliApp.run(
+            RouterSettings, cli_settings_source=cli_source(RouterSettings, "omni-router", argv)
+        )
     except ValidationError as exc:
         print(f"omni-router: invalid settings:\n{exc}", file=sys.stderr)
         return 2

@@ -20,24 +20,33 @@ class Policy(StrEnum):
 
 
 class RouterSettings(OmniSettings):
-    """Settings of one router (all of its ``--processes`` share them)."""
+    """omni-router: one address in front of a fleet's workers. Every flag is also an OMNI_
+    environment variable; a flag wins over its variable, a variable over the default."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    port: int = Field(8080, ge=0, le=65535, description="port to listen on")
     processes: int = Field(1, ge=1, le=64, description="router processes on one port")
     worker: list[str] = Field(
         default_factory=list,
         description="static worker base URL (repeatable); serves any model, probed on /health",
+        json_schema_extra={"metavar": "URL"},
     )
     static_capacity: int = Field(1024, ge=1, description="capacity assumed for a static worker")
 
     # selection and affinity
-    policy: Policy = Policy.LOAD
-    session_header: str = "x-session-id"
+    policy: Policy = Field(Policy.LOAD, description="how a worker is picked for a request")
+    session_header: str = Field(
+        "x-session-id",
+        description="request header that carries a session key (sessions stick to a worker)",
+        json_schema_extra={"metavar": "NAME"},
+    )
     session_from_user: bool = Field(True, description="use the body's `user` as a session key")
-    session_ttl_s: float = Field(1800.0, gt=0)
+    session_ttl_s: float = Field(1800.0, gt=0, description="a session binding lives this long")
     affinity_bound: float = Field(
-        1.25, ge=1.0, description="a binding yields when its worker is above bound x mean load"
+        1.25,
+        ge=1.0,
+        description="a binding yields when its worker is above bound x mean load",
+        json_schema_extra={"metavar": "FACTOR"},
     )
     move_log_interval_s: float = Field(
         60.0, gt=0, description="period of the log line that sums up session moves"
@@ -45,14 +54,18 @@ class RouterSettings(OmniSettings):
 
     # admission and limits
     max_in_flight: int = Field(8192, ge=1, description="in-flight limit over all processes")
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="largest request body: larger gets 413"
+    )
     max_url_bytes: int = Field(
         8192, ge=256, description="longest request target (path and query): longer gets 414"
     )
     max_header_bytes: int = Field(
         32768, ge=1024, description="largest request header block (names + values): larger gets 431"
     )
-    retry_after_s: int = Field(1, ge=0)
+    retry_after_s: int = Field(
+        1, ge=0, description="Retry-After of a 503 or 429 answered by the router (seconds)"
+    )
     max_pipelined: int = Field(
         8, ge=1, description="pipelined requests queued behind the one answered, then reads pause"
     )
@@ -69,7 +82,7 @@ class RouterSettings(OmniSettings):
     )
 
     # timeouts and retries
-    connect_timeout_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(2.0, gt=0, description="one connect to a worker")
     headers_timeout_s: float = Field(300.0, gt=0, description="request sent -> response headers")
     idle_timeout_s: float = Field(120.0, gt=0, description="longest pause between body chunks")
     client_timeout_s: float = Field(
@@ -80,16 +93,18 @@ class RouterSettings(OmniSettings):
     retry_backoff_s: float = Field(0.02, ge=0, description="base of the jittered backoff")
 
     # health
-    probe_interval_s: float = Field(1.0, gt=0)
-    probe_timeout_s: float = Field(1.0, gt=0)
+    probe_interval_s: float = Field(1.0, gt=0, description="period of each worker's /health probe")
+    probe_timeout_s: float = Field(1.0, gt=0, description="one /health probe or /v1/models query")
     healthy_after: int = Field(1, ge=1, description="probe successes that make a worker healthy")
     unhealthy_after: int = Field(2, ge=1, description="probe failures that make it unhealthy")
     breaker_failures: int = Field(5, ge=1, description="consecutive 5xx/transport failures")
     breaker_open_s: float = Field(5.0, gt=0, description="open time before the half-open probe")
 
     # discovery
-    resync_interval_s: float = Field(1.0, gt=0)
-    redis_timeout_s: float = Field(1.0, gt=0)
+    resync_interval_s: float = Field(
+        1.0, gt=0, description="period of the full re-read of the fleet from Redis"
+    )
+    redis_timeout_s: float = Field(1.0, gt=0, description="one Redis command")
 
     # security
     api_key: list[SecretStr] = Field(

@@ -9,6 +9,7 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from fleet.cli_help import cli_source
 from worker.settings import WorkerSettings
 
 
@@ -46,7 +47,9 @@ def configure_logging(level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
     try:
-        settings = WorkerSettings(_cli_parse_args=args, _cli_prog_name="omni-worker")
+        settings = WorkerSettings(
+            _cli_settings_source=cli_source(WorkerSettings, "omni-worker", args)
+        )
     except (ValidationError, SettingsError) as exc:
         print(f"omni-worker: {exc}", file=sys.stderr)
         return 2
