@@ -19,7 +19,9 @@ COMMANDS = {
     "omni-worker": ["worker.cli"],
     "omni-router": ["router.cli"],
 }
-PLAIN_METAVAR = re.compile(r"^(?:[A-Z][A-Z_]*|\{[a-z0-9_-]+(?:,[a-z0-9_-]+)*\})$")
+PLAIN_METAVAR = re.compile(
+    r"^(?:[A-Z][A-Z_]*(?:\.[A-Z_]+=[A-Z_]+)?|\{[a-z0-9_-]+(?:,[a-z0-9_-]+)*\})$"
+)
 TYPE_WORDS = re.compile(
     r"SecretStr|list\[|dict\[|\bstr\b|\bint\b|\bfloat\b|\bNone\b|Path\(|factory"
 )

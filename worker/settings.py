@@ -27,6 +27,7 @@ class WorkerSettings(OmniSettings):
     override_file: Path | None = Field(None, description="YAML of `stages.<stage>.<field>` values")
     model_dir: str | None = Field(
         None,
+        json_schema_extra={"metavar": "DIR_OR_REPO"},
         description="checkpoint directory or Hugging Face repo id (local cache) that replaces "
         "the spec's model_dir",
     )
@@ -36,6 +37,7 @@ class WorkerSettings(OmniSettings):
     overrides: list[str] = Field(
         default_factory=list,
         description="spec overrides `<stage>.<field>=<value>`; CLI also takes --<stage>.<field> V",
+        json_schema_extra={"metavar": "STAGE.FIELD=VALUE"},
     )
     host: str = Field("127.0.0.1", description="address the HTTP API binds")
     port: int = Field(8100, ge=0, le=65535, description="HTTP port (0: pick a free one)")
@@ -110,7 +112,11 @@ class WorkerSettings(OmniSettings):
     fetch_media_timeout: float = Field(
         10.0, gt=0, description="seconds to fetch one image or video from a URL; over it: 400"
     )
-    token: SecretStr | None = Field(None, description="shared token (OMNI_WORKER_TOKEN)")
+    token: SecretStr | None = Field(
+        None,
+        description="token routers must send (x-omni-worker-token); OMNI_TOKEN works too",
+        json_schema_extra={"env": "OMNI_WORKER_TOKEN"},
+    )
     session_window: float = Field(60.0, gt=0, description="a session counts as active this long")
     realtime_max_sessions: int = Field(
         32,
