@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from planner.localplan import cpu_node_plan  # noqa: E402
 from planner.spec import ModelSpec  # noqa: E402
 from worker.engine import (  # noqa: E402
     AUDIO_OUTPUT_RATE,
@@ -33,7 +34,6 @@ from worker.engine import (  # noqa: E402
     TextDelta,
 )
 from worker.runtime.engine import PipelineEngine  # noqa: E402
-from worker.runtime.localplan import cpu_node_plan  # noqa: E402
 
 SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 PROMPTS = ["Tell me a story.", "abc", "What is omni-fleet?", "hi"]  # long generations

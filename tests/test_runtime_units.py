@@ -17,7 +17,7 @@ from planner.spec import ModelSpec
 from worker.models.checkpoint import load_component, resolve_checkpoint
 from worker.runtime import transport
 from worker.runtime.graph import REQUEST_INPUT, route
-from worker.stages.base import BatchQueue
+from worker.stages.base import BatchQueue, RequestMeta, StageExecutor
 from worker.stages.kvbatch import KVBatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +92,106 @@ def test_sweep_removes_an_engines_leftover_segments() -> None:
     packed = transport.pack(np.zeros(10_000, dtype=np.float32), "omnisweep")
     assert transport.sweep("omnisweep") == 1
     assert not os.path.exists(f"/dev/shm/{packed.name}")
+
+
+def test_bfloat16_tensors_travel_as_exact_float32() -> None:
+    t = torch.randn(4, 3).to(torch.bfloat16)
+    out = transport.pack({"t": t})["t"]
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, t.float().numpy())
+    assert transport.nbytes({"t": t, "a": [np.zeros(5, np.int64)]}) == 4 * 3 * 2 + 40
+
+
+# ---- in-process handover ---------------------------------------------------------------------
+class _Recorder(StageExecutor):
+    """Records what the dispatcher hands it; ``refuse`` makes ``start`` raise."""
+
+    def __init__(self, name: str, refuse: bool = False) -> None:
+        self.name, self.refuse = name, refuse
+        self.calls: list[tuple] = []
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict) -> None:
+        if self.refuse:
+            raise RuntimeError("cannot take it")
+        self.calls.append(("start", rid, inputs))
+
+    def feed(self, rid: str, src: str, data) -> None:
+        self.calls.append(("feed", rid, src, data))
+
+    def end_stream(self, rid: str, src: str, info: dict) -> None:
+        self.calls.append(("end", rid, src, info))
+
+    def abort(self, rid: str) -> None:
+        self.calls.append(("abort", rid))
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def step(self) -> list:
+        return []
+
+    def queue_depth(self) -> int:
+        return 0
+
+
+def test_stages_of_one_process_hand_payloads_over_in_place() -> None:
+    from worker.runtime import messages as m
+    from worker.runtime.dispatch import Dispatcher
+
+    spec = ModelSpec.model_validate(
+        {
+            "name": "handover",
+            "model_dir": ".",
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "pre",
+            "stages": {
+                "pre": {"executor": "preprocess", "next": ["enc", "llm"]},
+                "enc": {"executor": "encoder", "next": ["llm"]},
+                "llm": {
+                    "executor": "autoregressive",
+                    "wait_for": ["pre", "enc"],
+                    "stream_to": ["out"],
+                },
+                "out": {"executor": "decode", "terminal": True},
+            },
+        }
+    )
+    here = {"pre": _Recorder("pre"), "enc": _Recorder("enc"), "out": _Recorder("out")}
+    d = Dispatcher(spec, dict(here))  # llm runs in another process
+    meta = RequestMeta("chat", frozenset({"text"}))
+    d.open("r", {"pre": meta, "enc": meta, "out": meta})
+    assert here["out"].calls == [("start", "r", {})]  # stream-only: starts at once
+    d.receive(m.INPUT, "pre", "r", REQUEST_INPUT, {"text": "hi"})
+    assert here["pre"].calls == [("start", "r", {REQUEST_INPUT: {"text": "hi"}})]
+
+    hidden = torch.randn(8, 1024)  # 32 KiB: over the shared-memory threshold
+    payload = {"ids": [1, 2], "hidden": hidden}
+    d.emit("pre", [(m.FINAL, "r", payload)])
+    ((_, _, got),) = here["enc"].calls
+    assert got["pre"] is payload and got["pre"]["hidden"] is hidden  # the very tensor
+    ((kind, src, rid, packed),) = d.take()  # one serialised copy, for llm in another process
+    assert (kind, src, rid) == (m.FINAL, "pre", "r")
+    assert isinstance(packed["hidden"], transport.ShmRef)
+    np.testing.assert_array_equal(transport.unpack(packed)["hidden"], hidden.numpy())
+    transport.release(transport.refs(packed))
+    assert d.traffic_report() == {("pre", "enc"): (1, 0, 0), ("pre", "llm"): (0, 1, 32 * 1024)}
+
+    d.receive(m.CHUNK, "out", "r", "llm", {"tokens": [5]})  # from llm, through the coordinator
+    d.emit("out", [(m.OUT, "r", ("text", "x")), (m.DONE, "r", {})])
+    assert here["out"].calls[-1] == ("feed", "r", "llm", {"tokens": [5]})
+    assert [msg[0] for msg in d.take()] == [m.OUT, m.DONE]
+
+    d.close("r")
+    assert all(ex.calls[-1] == ("abort", "r") for ex in here.values())
+    d.receive(m.INPUT, "pre", "r", REQUEST_INPUT, {})  # late: ignored
+    d.emit("pre", [(m.FINAL, "r", payload)])
+    assert d.take() == [] and here["pre"].calls[-1] == ("abort", "r")
+
+    # an executor that fails on its input fails the request in that stage only
+    refusing = Dispatcher(spec, {"pre": _Recorder("pre", refuse=True)})
+    refusing.open("q", {"pre": meta})
+    refusing.receive(m.INPUT, "pre", "q", REQUEST_INPUT, {})
+    assert refusing.take() == [(m.ERROR, "pre", "q", "pre: cannot take it")]
 
 
 # ---- batching window -------------------------------------------------------------------------
@@ -285,7 +385,7 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_
         assert texts[rid] == tok.decode(ref, skip_special_tokens=True)
 
 
-def test_aggregate_merges_inputs_and_sglang_is_a_seam() -> None:
+def test_aggregate_merges_inputs() -> None:
     from worker.stages.base import FINAL, RequestMeta, StageContext
     from worker.stages.registry import make_executor
 
@@ -297,11 +397,7 @@ def test_aggregate_merges_inputs_and_sglang_is_a_seam() -> None:
             "entry": "merge",
             "stages": {
                 "merge": {"executor": "aggregate", "device": "cpu", "next": ["llm"]},
-                "llm": {
-                    "executor": "autoregressive",
-                    "stream_to": ["out"],
-                    "engine": {"backend": "sglang"},
-                },
+                "llm": {"executor": "autoregressive", "stream_to": ["out"]},
                 "out": {"executor": "decode", "terminal": True},
             },
         }
@@ -311,8 +407,6 @@ def test_aggregate_merges_inputs_and_sglang_is_a_seam() -> None:
     agg.start("r", RequestMeta("chat", frozenset({"text"})), {"b": {"x": 2}, "a": {"x": 1, "y": 1}})
     assert agg.next_deadline() is not None and agg.queue_depth() == 1
     assert agg.step() == [(FINAL, "r", {"x": 2, "y": 1})]  # sources merge in name order
-    with pytest.raises(NotImplementedError, match="sglang"):
-        make_executor(StageContext("llm", spec, spec.stages["llm"], Path("."), "cuda:0", 1))
 
 
 def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Path) -> None:

@@ -1,8 +1,10 @@
 """PipelineEngine: the coordinator that implements ``worker.engine.Engine``.
 
 It launches one OS process per ``ProcessPlan`` of the node plan (stages of a process group
-share it), routes every message between stages along the request's ``Route`` (final payloads,
-stream chunks, fan-in), turns terminal outputs into engine events, and owns failure handling:
+share it), forwards what crosses processes along the request's ``Route`` (final payloads and
+stream chunks between stages of different processes; stages of one process hand over to each
+other in place, see ``dispatch.py``), turns terminal outputs into engine events, keeps count of
+the bytes each edge serialised, and owns failure handling:
 a process that dies fails its in-flight requests at once with ``StageFailed`` and is restarted
 until its stages report ready again.
 """
@@ -38,11 +40,11 @@ from worker.engine import (
 )
 from worker.runtime import messages as m
 from worker.runtime import transport
+from worker.runtime.dispatch import Edge, EdgeTraffic
 from worker.runtime.graph import REQUEST_INPUT, Route, route
 from worker.runtime.host import HostConfig
 from worker.runtime.process import StageProcess
 from worker.runtime.transport import pack, refs, release, unpack
-from worker.stages import base as out_kind
 from worker.stages.base import RequestMeta
 
 log = logging.getLogger("omni.worker.runtime")
@@ -60,9 +62,7 @@ class _Request:
     metas: dict[str, RequestMeta]
     queue: asyncio.Queue
     public_id: str
-    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    started: set[str] = field(default_factory=set)
-    buffered: dict[str, list[tuple]] = field(default_factory=dict)
+    groups: set[str] = field(default_factory=set)  # process groups of its active stages
     terminals_left: set[str] = field(default_factory=set)
     info: dict[str, dict] = field(default_factory=dict)
     shm: set[str] = field(default_factory=set)
@@ -78,6 +78,8 @@ class _Replica:
     down: dict[str, str] = field(default_factory=dict)  # group -> why
     restarting: set[str] = field(default_factory=set)
     load: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # process group -> its edges' counts since the process started
+    traffic: dict[str, dict[Edge, tuple[int, int, int]]] = field(default_factory=dict)
     requests: dict[str, _Request] = field(default_factory=dict)
 
     @property
@@ -217,6 +219,19 @@ class PipelineEngine:
     def in_flight(self) -> int:
         return sum(len(r.requests) for r in self._replicas)
 
+    def edge_traffic(self) -> dict[Edge, EdgeTraffic]:
+        """(source stage, target stage) -> payloads handed over in place and serialised (with
+        their bytes), summed over the running processes (as of their last load report)."""
+        total: dict[Edge, EdgeTraffic] = {}
+        for rep in self._replicas:
+            for edges in rep.traffic.values():
+                for edge, (local, sent, size) in edges.items():
+                    t = total.setdefault(edge, EdgeTraffic())
+                    t.handed_over += local
+                    t.serialised += sent
+                    t.bytes += size
+        return total
+
     # ---- requests --------------------------------------------------------------------------
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
         req = self._submit(request)
@@ -230,7 +245,7 @@ class PipelineEngine:
                     return
         finally:
             if not req.closed:
-                self._close(req, abort=True)
+                self._close(req)
 
     def _submit(self, request: GenerationRequest) -> _Request:
         if not self._started or self._stopping:
@@ -271,28 +286,16 @@ class PipelineEngine:
         )
         req.shm.update(refs(payload))
         rep.requests[rid] = req
-        req.inputs.setdefault(self.spec.entry, {})[REQUEST_INPUT] = payload
+        by_group: dict[str, dict[str, RequestMeta]] = {}
         for stage in rt.active:
-            self._maybe_start(req, stage)
+            by_group.setdefault(rep.stage_group[stage], {})[stage] = metas[stage]
+        req.groups = set(by_group)
+        for group, group_metas in by_group.items():
+            rep.procs[group].send((m.OPEN, rid, group_metas))
+        entry = self.spec.entry
+        self._send(req, entry, (m.INPUT, entry, rid, REQUEST_INPUT, payload))
         self._flush(rep)
         return req
-
-    def _maybe_start(self, req: _Request, stage: str) -> None:
-        if stage in req.started:
-            return
-        have = req.inputs.get(stage, {})
-        if not req.route.required[stage] <= set(have):
-            return
-        req.started.add(stage)
-        self._send(req, stage, (m.START, stage, req.rid, req.metas[stage], have))
-        for msg in req.buffered.pop(stage, []):
-            self._send(req, stage, msg)
-
-    def _deliver(self, req: _Request, stage: str, msg: tuple) -> None:
-        if stage in req.started:
-            self._send(req, stage, msg)
-        else:
-            req.buffered.setdefault(stage, []).append(msg)
 
     def _send(self, req: _Request, stage: str, msg: tuple) -> None:
         self._trace(req, stage, f"<-{msg[0]}")
@@ -312,7 +315,7 @@ class PipelineEngine:
                 completion_tokens=int(info.get("completion_tokens", 0)),
             )
         )
-        self._close(req, abort=False)
+        self._close(req)
 
     def _summary(self, req: _Request) -> dict:
         # the first stage in spec order that reported token counts (the thinker)
@@ -325,20 +328,18 @@ class PipelineEngine:
         if req.closed:
             return
         req.queue.put_nowait(exc)
-        self._close(req, abort=True)
+        self._close(req)
 
-    def _close(self, req: _Request, abort: bool) -> None:
+    def _close(self, req: _Request) -> None:
         if req.closed:
             return
         req.closed = True
         rep = req.replica
         rep.requests.pop(req.rid, None)
-        if abort:
-            groups = {rep.stage_group[s] for s in req.route.active}
-            for g in groups:
-                if g in rep.procs and g not in rep.down:
-                    rep.procs[g].send((m.ABORT, req.rid))
-            self._flush(rep)
+        for g in req.groups:  # finished or not: every process forgets it
+            if g in rep.procs and g not in rep.down:
+                rep.procs[g].send((m.CLOSE, req.rid))
+        self._flush(rep)
         release(req.shm)
         req.shm.clear()
 
@@ -358,6 +359,7 @@ class PipelineEngine:
             kind = msg[0]
             if kind == m.LOAD:
                 rep.load.update(msg[1])
+                rep.traffic[proc.cfg.process] = msg[2]
             elif kind == m.PROGRESS:
                 self._progress(msg[1])
             elif kind == m.READY:
@@ -381,18 +383,17 @@ class PipelineEngine:
         req.shm.update(refs(payload))
         self._trace(req, stage, kind)
         rt = req.route
-        if kind == out_kind.FINAL:
-            for t in rt.next_targets[stage]:
-                req.inputs.setdefault(t, {})[stage] = payload
-                self._maybe_start(req, t)
-        elif kind == out_kind.CHUNK:
-            for t in rt.stream_targets[stage]:
-                self._deliver(req, t, (m.CHUNK, t, rid, stage, payload))
-        elif kind == out_kind.END:
-            req.info[stage] = payload
-            for t in rt.stream_targets[stage]:
-                self._deliver(req, t, (m.END, t, rid, stage, payload))
-        elif kind == out_kind.OUT:
+        if kind in (m.FINAL, m.CHUNK, m.END):
+            # the source's process handed it to its own stages already
+            targets = rt.next_targets[stage] if kind == m.FINAL else rt.stream_targets[stage]
+            here = rep.stage_group[stage]
+            forward = m.INPUT if kind == m.FINAL else kind
+            for t in targets:
+                if rep.stage_group[t] != here:
+                    self._send(req, t, (forward, t, rid, stage, payload))
+            if kind == m.END:
+                req.info[stage] = payload
+        elif kind == m.OUT:
             what, data = payload
             if what == "text":
                 req.queue.put_nowait(TextDelta(data))
@@ -401,14 +402,14 @@ class PipelineEngine:
                 pcm = unpack(data, unlink=True)
                 req.shm.difference_update(names)
                 req.queue.put_nowait(AudioChunk(pcm.astype("<i2", copy=False).tobytes()))
-        elif kind == out_kind.DONE:
+        elif kind == m.DONE:
             req.info.setdefault(stage, payload)
             req.terminals_left.discard(stage)
             if not req.terminals_left:
                 self._finish(req)
-        elif kind == out_kind.ERROR:
+        elif kind == m.ERROR:
             self._fail(req, StageFailed(str(payload)))
-        elif kind == out_kind.INVALID:
+        elif kind == m.INVALID:
             self._fail(req, RequestInvalid(str(payload)))
 
     # ---- process lifecycle -----------------------------------------------------------------

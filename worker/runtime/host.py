@@ -1,4 +1,6 @@
-"""The stage process: loads its stages' executors and drives them from the coordinator's queue.
+"""The stage process: loads its stages' executors and drives them: messages from the
+coordinator's queue go to the executors (through ``dispatch.Dispatcher``, which also hands
+outputs between this process's own stages in place), every stage steps when it has work.
 
 Deliberately imports nothing heavy at module level: the process applies its plan's environment
 (``CUDA_VISIBLE_DEVICES``, thread counts) before torch is imported.
@@ -69,14 +71,14 @@ def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
 
     transport.set_prefix(cfg.shm_prefix)
     try:
-        executors = _load(cfg, outbox)
+        spec, executors = _load(cfg, outbox)
     except Exception:
         outbox.send([(m.FATAL, traceback.format_exc())])
         return
-    _serve(executors, inbox, outbox)
+    _serve(executors, spec, inbox, outbox)
 
 
-def _load(cfg: HostConfig, outbox: Any) -> dict[str, Any]:
+def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -106,13 +108,13 @@ def _load(cfg: HostConfig, outbox: Any) -> dict[str, Any]:
         ex.warmup()
         executors[name] = ex
     outbox.send([(m.READY, name) for name in executors])
-    return executors
+    return spec, executors
 
 
-def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
-    from worker.runtime.transport import pack, unpack
-    from worker.stages.base import ERROR, RequestMeta
+def _serve(executors: dict[str, Any], spec: Any, inbox: Any, outbox: Any) -> None:
+    from worker.runtime.dispatch import Dispatcher
 
+    dispatch = Dispatcher(spec, executors)
     busy = {name: _Busy() for name in executors}
     last_load = 0.0
     parent = os.getppid()
@@ -129,30 +131,16 @@ def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
                 msgs.extend(inbox.get_nowait())
         except queue.Empty:
             pass
-        outs: list[tuple] = []
         for msg in msgs:
             kind = msg[0]
             if kind == m.STOP:
                 return
-            if kind == m.ABORT:
-                for ex in executors.values():
-                    ex.abort(msg[1])
-                continue
-            stage, rid = msg[1], msg[2]
-            ex = executors[stage]
-            try:
-                if kind == m.START:
-                    meta: RequestMeta = msg[3]
-                    ex.start(rid, meta, unpack(msg[4]))
-                elif kind == m.CHUNK:
-                    ex.feed(rid, msg[3], unpack(msg[4]))
-                elif kind == m.END:
-                    ex.end_stream(rid, msg[3], msg[4])
-            except FileNotFoundError:
-                ex.abort(rid)  # its shared memory was released: the request was aborted
-            except Exception as exc:
-                ex.abort(rid)
-                outs.append((ERROR, stage, rid, f"{stage}: {exc}"))
+            if kind == m.OPEN:
+                dispatch.open(msg[1], msg[2])
+            elif kind == m.CLOSE:
+                dispatch.close(msg[1])
+            else:  # INPUT / CHUNK / END: (kind, stage, rid, src, payload)
+                dispatch.receive(*msg)
         for name, ex in executors.items():
             d = ex.next_deadline()
             if d is None or d > time.monotonic():
@@ -160,12 +148,12 @@ def _serve(executors: dict[str, Any], inbox: Any, outbox: Any) -> None:
             t0 = time.perf_counter()
             produced = ex.step()
             busy[name].add(time.perf_counter() - t0)
-            for kind, rid, payload in produced:
-                outs.append((kind, name, rid, pack(payload)))
+            dispatch.emit(name, produced)
+        outs = dispatch.take()
         now = time.monotonic()
         if now - last_load >= LOAD_INTERVAL:
             last_load = now
             load = {n: (ex.queue_depth(), busy[n].sample()) for n, ex in executors.items()}
-            outs.append((m.LOAD, load))
+            outs.append((m.LOAD, load, dispatch.traffic_report()))
         if outs:
             outbox.send(outs)

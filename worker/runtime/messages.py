@@ -55,6 +55,3 @@ PROGRESS = "progress"
 READY = "ready"
 FATAL = "fatal"
 LOAD = "load"
-
-START = "start"  # TEMP
-ABORT = "abort"  # TEMP

@@ -56,10 +56,36 @@ def _from_shm(ref: ShmRef, unlink: bool) -> np.ndarray:
     return out
 
 
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor"
+
+
+def _tensor_to_numpy(t: Any) -> np.ndarray:
+    """Torch tensors travel as arrays (no torch pickling); bfloat16, which numpy lacks, as
+    float32 (exact). The receiver casts to its own device and dtype."""
+    t = t.detach()
+    if t.is_floating_point() and t.element_size() == 2 and str(t.dtype) != "torch.float16":
+        t = t.float()
+    return t.cpu().numpy()
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of the arrays and tensors inside a payload (nested dicts/lists/tuples)."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if _is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
 def pack(obj: Any, prefix: str | None = None) -> Any:
     prefix = prefix or _prefix
-    if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
-        obj = obj.detach().cpu().numpy()  # torch tensors travel as arrays (no torch pickling)
+    if _is_tensor(obj):
+        obj = _tensor_to_numpy(obj)
     if isinstance(obj, np.ndarray):
         return _to_shm(obj, prefix) if obj.nbytes >= SHM_THRESHOLD else obj
     if isinstance(obj, dict):

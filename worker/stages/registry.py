@@ -7,14 +7,18 @@ from worker.stages.base import StageContext, StageExecutor
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
+    if ctx.stage.engine.backend == Backend.SGLANG:
+        # An SGLang executor would drive SGLang's scheduler behind the same StageExecutor
+        # interface (its paged KV cache sized by the plan's engine_fraction); until one exists
+        # the stage refuses to load, so the worker fails at start, not at the first request.
+        raise ValueError(
+            f"stage {ctx.name}: engine.backend 'sglang' is not implemented yet; "
+            "use backend 'transformers'"
+        )
     family = _family(ctx)
     if family is not None:
         return family.make_executor(ctx)
     kind = ctx.stage.executor
-    if kind == Executor.AUTOREGRESSIVE and ctx.stage.engine.backend == Backend.SGLANG:
-        from worker.stages.sglang import SGLangExecutor
-
-        return SGLangExecutor(ctx)
     if kind == Executor.PREPROCESS:
         from worker.stages.preprocess import PreprocessExecutor as cls
     elif kind == Executor.AUTOREGRESSIVE:

@@ -24,5 +24,11 @@ def load(ctx: StageContext) -> tuple[Any, Any]:
     return Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint), module
 
 
-def np32(t: Any) -> Any:
-    return t.detach().float().cpu().numpy()
+def on_device(x: Any, device: Any, dtype: Any = None) -> Any:
+    """An input array as a tensor on ``device`` (in ``dtype``): a tensor that a stage of this
+    process handed over is used as it is (no copy when device and dtype match already), a
+    numpy array from another process is copied in."""
+    import torch
+
+    t = torch.as_tensor(x)
+    return t.to(device=device, dtype=dtype) if dtype is not None else t.to(device)

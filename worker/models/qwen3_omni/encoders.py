@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.qwen3_omni.common import load, np32
+from worker.models.qwen3_omni.common import load
 from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
 
 
@@ -81,10 +81,10 @@ class AudioTowerExecutor(_Encoder):
         feats = np.concatenate([p["audio_features"] for _, p in batch], axis=1)
         lens = [n for _, p in batch for n in p["audio_lens"]]
         x = torch.from_numpy(feats).to(self.ctx.device, self.model.dtype)
+        # stays a tensor on the device: a thinker in this process takes it as it is
         hidden = self.model(
             x, feature_lens=torch.tensor(lens, device=self.ctx.device)
         ).last_hidden_state
-        hidden = np32(hidden)
         outs: list[Output] = []
         at = 0
         for rid, p in batch:
@@ -131,8 +131,8 @@ class VisionExecutor(_Encoder):
             torch.from_numpy(pixels).to(self.ctx.device, self.model.dtype),
             grid_thw=torch.from_numpy(grid).to(self.ctx.device),
         )
-        merged = np32(out.pooler_output)
-        deep = np.stack([np32(d) for d in out.deepstack_features])  # (layers, tokens, hidden)
+        merged = out.pooler_output
+        deep = torch.stack(list(out.deepstack_features))  # (layers, tokens, hidden)
         merge = self.model.spatial_merge_size**2
         at = 0
         for rid, p in items:

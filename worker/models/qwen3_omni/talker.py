@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.qwen3_omni.common import load
+from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.kvbatch import KVBatch
 
@@ -37,7 +37,7 @@ class _Request:
     max_new: int
     first: dict[str, Any] | None = None  # the thinker's prompt states
     tokens: list[int] = field(default_factory=list)
-    embeds: list[np.ndarray] = field(default_factory=list)  # thinker embeddings of the reply
+    embeds: list[Any] = field(default_factory=list)  # thinker embeddings of the reply (rows)
     ended: bool = False
     finish: str = "stop"
     started: bool = False
@@ -115,7 +115,7 @@ class TalkerExecutor(StageExecutor):
             r.first = data
         r.tokens.extend(data["tokens"])
         if data.get("embeds") is not None:
-            r.embeds.extend(np.asarray(data["embeds"], dtype=np.float32))
+            r.embeds.extend(self.torch.as_tensor(data["embeds"]))
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
         r = self._find(rid)
@@ -181,8 +181,8 @@ class TalkerExecutor(StageExecutor):
             return self._finish(r)
         ids = torch.tensor(r.prompt["input_ids"], device=dev)
         n = ids.shape[0]
-        embed = torch.from_numpy(first["prompt_embed"]).to(dev, dtype)
-        hidden = torch.from_numpy(first["prompt_hidden"]).to(dev, dtype)
+        embed = on_device(first["prompt_embed"], dev, dtype)
+        hidden = on_device(first["prompt_hidden"], dev, dtype)
         cfg = self.config
         # the role of each position: the token after the last <|im_start|> at or before it
         at = torch.arange(n, device=dev)
@@ -199,9 +199,9 @@ class TalkerExecutor(StageExecutor):
         if not len(heads):
             raise ValueError("the prompt has no assistant turn")
         a = int(heads[-1])
-        reply = torch.from_numpy(np.stack(r.embeds[:1])).to(dev, dtype)
+        reply = on_device(r.embeds[0], dev, dtype)[None]
         assistant = self.talker.text_projection(torch.cat([embed[a:], reply]))[:4]
-        tts = self.talker.text_projection(torch.from_numpy(first["tts_embeds"]).to(dev, dtype))
+        tts = self.talker.text_projection(on_device(first["tts_embeds"], dev, dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = tts[0], tts[1], tts[2]
         text = torch.cat(
             [assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]]
@@ -226,14 +226,18 @@ class TalkerExecutor(StageExecutor):
             None
         ]
         lens = r.prompt.get("audio_lens") or None
-        grid = r.prompt.get("image_grid")
+        grid, video = r.prompt.get("image_grid"), r.prompt.get("video_grid")
         total = inputs.shape[1]
-        if lens or grid is not None:
+        if lens or grid is not None or video is not None:
             positions, deltas = self.talker.get_rope_index(
                 talker_ids,
                 image_grid_thw=torch.from_numpy(grid).to(dev) if grid is not None else None,
+                video_grid_thw=torch.from_numpy(video).to(dev) if video is not None else None,
                 attention_mask=torch.ones_like(talker_ids),
                 audio_seqlens=torch.tensor(lens, device=dev) if lens else None,
+                second_per_grids=torch.tensor(r.prompt["video_seconds"], device=dev)
+                if video is not None
+                else None,
             )
             r.delta = int(deltas.view(-1)[0])
         else:
@@ -321,9 +325,7 @@ class TalkerExecutor(StageExecutor):
                 return self.tts_pad
             if k + 1 == last:
                 return self.tts_eos
-        e = self.torch.from_numpy(r.embeds[k + 1]).to(
-            self.ctx.device, self.codec_embed.weight.dtype
-        )
+        e = on_device(r.embeds[k + 1], self.ctx.device, self.codec_embed.weight.dtype)
         return self.talker.text_projection(e[None])[0]
 
     def _forward(

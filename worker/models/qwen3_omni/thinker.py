@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
-from worker.models.qwen3_omni.common import load, np32
+from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.kvbatch import KVBatch
 
@@ -156,9 +154,9 @@ class ThinkerExecutor(StageExecutor):
         if r.to_talker:
             tts = self.embed(torch.tensor([self.tts_ids], device=dev))[0]
             first = {
-                "prompt_embed": np32(embeds[0]),
-                "prompt_hidden": np32(out.hidden_states[self.accept][0]),
-                "tts_embeds": np32(tts),
+                "prompt_embed": embeds[0],
+                "prompt_hidden": out.hidden_states[self.accept][0],
+                "tts_embeds": tts,
             }
         if r.forced is not None:  # speech: the reply is given; stream it, generate nothing
             return self._forced(r, first)
@@ -186,9 +184,9 @@ class ThinkerExecutor(StageExecutor):
                 int(visual.sum()), self.embed.weight.shape[1], dtype=dtype, device=visual.device
             )
             if image is not None:
-                joint[image_mask[visual]] = torch.from_numpy(image[i]).to(joint)
+                joint[image_mask[visual]] = on_device(image[i], joint.device, joint.dtype)
             if video is not None:
-                joint[video_mask[visual]] = torch.from_numpy(video[i]).to(joint)
+                joint[video_mask[visual]] = on_device(video[i], joint.device, joint.dtype)
             layers.append(joint)
         return visual[None], layers
 
@@ -197,7 +195,7 @@ class ThinkerExecutor(StageExecutor):
             if bool(mask.any()):
                 raise ValueError(f"the prompt has {what} placeholders but no {what} input")
             return embeds
-        values = self.torch.from_numpy(np.asarray(values)).to(embeds.device, embeds.dtype)
+        values = on_device(values, embeds.device, embeds.dtype)
         if int(mask.sum()) != values.shape[0]:
             raise ValueError(
                 f"{int(mask.sum())} {what} placeholders for {values.shape[0]} embeddings"
@@ -208,9 +206,7 @@ class ThinkerExecutor(StageExecutor):
         tokens = list(r.forced or [])
         data = {"tokens": tokens, **first}
         if r.to_talker:
-            data["embeds"] = np32(
-                self.embed(self.torch.tensor([tokens], device=self.ctx.device))[0]
-            )
+            data["embeds"] = self.embed(self.torch.tensor([tokens], device=self.ctx.device))[0]
         r.generated = len(tokens)
         info = self._info(r, "stop")
         return [(CHUNK, r.rid, data), (END, r.rid, info), (DONE, r.rid, info)]
@@ -261,9 +257,7 @@ class ThinkerExecutor(StageExecutor):
         r.last = token
         data: dict[str, Any] = {"tokens": [token], **first}
         if r.to_talker:
-            data["embeds"] = np32(
-                self.embed(self.torch.tensor([[token]], device=self.ctx.device))[0]
-            )
+            data["embeds"] = self.embed(self.torch.tensor([[token]], device=self.ctx.device))[0]
         outs: list[Output] = [(CHUNK, r.rid, data)]
         if r.generated >= r.max_new:
             outs += self._stop(r, "length", {})
