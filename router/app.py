@@ -116,6 +116,9 @@ class Router:
         deadline = time.monotonic() + s.shutdown_grace_s
         while requests.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if requests.tunnels:  # WebSocket sessions still open: a close code, not a cut
+            requests.close_websockets()
+            await asyncio.sleep(0.05)
         for task in bg + list(self.tasks):
             task.cancel()
         self.prober.close()

@@ -112,6 +112,9 @@ class Dashboard:
             "hist_sum": {r: m.hist_sum[r] for r in routes},
             "health_transitions": m.health_transitions,
             "redis_reconnects": m.redis_reconnects,
+            "websocket_closes": [
+                {"by": by, "code": code, "count": n} for (by, code), n in m.ws_closes.items() if n
+            ],
         }
         doc["affinity"] = {
             "outcomes": dict(m.affinity),

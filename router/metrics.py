@@ -45,6 +45,19 @@ class AffinityOutcome(StrEnum):
     HASHED = "hashed"  # no Redis (static or unreachable): rendezvous hash of the key
 
 
+class CloseBy(StrEnum):
+    """Who ended a WebSocket session (the code label says which close code the client got)."""
+
+    WORKER = "worker"  # the worker's close frame, relayed untouched
+    ROUTER = "router"  # the router's close frame: the worker's connection ended without one
+    CLIENT = "client"  # the client's connection ended first
+    DROPPED = "dropped"  # the worker's connection ended mid-frame: no close frame could go out
+
+
+# close codes with a label of their own (RFC 6455 section 7.4.1); "none": no close frame
+CLOSE_CODES = ("1000", "1001", "1005", "1008", "1009", "1011", "1012", "1013", "other", "none")
+_CLOSE_LABEL = {int(c): c for c in CLOSE_CODES[:-2]}
+
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -56,6 +69,7 @@ class Metrics:
         self.affinity = {o.value: 0 for o in AffinityOutcome}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
+        self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
         self.redis_reconnects = 0
         self.health_transitions = 0
         self.probes_failed = 0
@@ -71,6 +85,10 @@ class Metrics:
 
     def error(self, route: str, code: ErrorCode) -> None:
         self.errors[route, code.value] += 1
+
+    def ws_closed(self, by: CloseBy, code: int | None) -> None:
+        label = "none" if code is None else _CLOSE_LABEL.get(code, "other")
+        self.ws_closes[by.value, label] += 1
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
@@ -108,6 +126,15 @@ class _Collector:
         )
         for outcome, n in m.affinity.items():
             c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_websocket_closes",
+            "WebSocket sessions ended, by who ended them and the close code the client got",
+            labels=["by", "code"],
+        )
+        for (by, code), n in m.ws_closes.items():
+            if n:
+                c.add_metric([by, code], n)
         yield c
         h = HistogramMetricFamily(
             "omni_router_request_duration_seconds",

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 from fleet.api_keys import API_KEY_ID_HEADER, api_key_id
 from fleet.errors import ErrorCode, OmniError
@@ -20,14 +21,21 @@ from fleet.records import Endpoint
 from router.admission import Admission
 from router.affinity import Affinity
 from router.auth import ClientAuth
-from router.classify import UNSERVED, Classified, check_session_key, classify_json, route_of
+from router.classify import (
+    UNSERVED,
+    Classified,
+    StageClass,
+    check_session_key,
+    classify_json,
+    route_of,
+)
 from router.dispatch import Dispatch, retry_backoff
 from router.http.headers import read_client_headers
 from router.http.proxy import BODY, WAITING, Upstream
 from router.http.server import ClientConnection, ClientLimits, Request
-from router.http.tunnel import Tunnel
+from router.http.tunnel import GOING_AWAY, WORKER_LOST, Tunnel
 from router.http.wire import error_response
-from router.metrics import AffinityOutcome, Metrics
+from router.metrics import AffinityOutcome, CloseBy, Metrics
 from router.policies import CHOOSERS
 from router.probes import Prober
 from router.resources import is_exhaustion
@@ -48,6 +56,8 @@ _METHODS = {
     Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
     Endpoint.REALTIME: frozenset({b"GET"}),
 }
+_ANY: frozenset = frozenset()  # a WebSocket upgrade names no modalities
+_WORKER_LOST_REASON = "worker connection lost; reconnect with the same session id to resume"
 Conn = TypeVar("Conn")
 AdminRoutes = Callable[[ClientConnection, Request, bytes], None]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -94,6 +104,7 @@ class RequestPath:
         self.retry_after_line = b"retry-after: %d\r\n" % settings.retry_after_s
         self.in_flight = 0
         self.ws_sessions = 0
+        self.tunnels: set[Tunnel] = set()  # open WebSocket sessions
         self.active: set[ClientConnection] = set()  # clients with an exchange under way
         self.clients: set[ClientConnection] = set()  # every open client connection
         self.max_clients = 1 << 30  # set from the descriptor budget when serving starts
@@ -493,7 +504,7 @@ class RequestPath:
         client.started = time.monotonic()
         client.keep_alive = False
         url = req.url
-        path = url.split(b"?", 1)[0]
+        path, _, query = url.partition(b"?")
         route = route_of(path)
         client.route = route[0].value if route else "other"
         fwd, auth, _, session = read_client_headers(
@@ -505,7 +516,12 @@ class RequestPath:
         if route is None:
             self.fail(client, OmniError(404, ErrorCode.NOT_FOUND, "no WebSocket endpoint here"))
             return
-        c = Classified(route[0])
+        params = parse_qs(query.decode("latin-1"))
+        if session is None and "session_id" in params:  # a browser cannot set headers
+            session = params["session_id"][0].encode("latin-1")
+        # any worker that serves the endpoint (and the model asked for) takes the session
+        c = Classified(route[0], params.get("model", [None])[0], inputs=_ANY, outputs=_ANY)
+        c.stage_class = StageClass.SPEECH
         admitted = self._admit(client, c, session)
         if admitted is None:
             return
@@ -515,6 +531,10 @@ class RequestPath:
         fwd += (b"connection: Upgrade\r\nupgrade: websocket\r\n", rid_line, self.worker_token_line)
         if c.session_key is not None:
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
+        if self.check_keys:  # a session's stored conversation belongs to its API key
+            assert auth is not None
+            fwd += (API_KEY_ID_HEADER.encode(), b": ", api_key_id(auth[7:].strip()).encode())
+            fwd.append(b"\r\n")
         fwd.append(b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)
         self.spawn(self._websocket(client, d, capable, open_))
@@ -538,22 +558,30 @@ class RequestPath:
             return
         loop = asyncio.get_running_loop()
 
-        async def open_tunnel(w: WorkerState, timeout: float) -> asyncio.Transport:
+        async def open_tunnel(w: WorkerState, timeout: float) -> Tunnel:
             tunnel = Tunnel(
-                client.transport, d.rid_line + w.id_line, self._tunnel_closed(client, w)
+                client.transport,
+                d.rid_line + w.id_line,
+                lambda t: self._tunnel_closed(client, w, t),
             )
-            transport, _ = await asyncio.wait_for(
-                loop.create_connection(lambda: tunnel, w.host, w.port), timeout
-            )
-            return transport
+            await asyncio.wait_for(loop.create_connection(lambda: tunnel, w.host, w.port), timeout)
+            return tunnel
 
         connected = await self._connect(client, worker, d, open_tunnel)
         if connected is None:
             return
-        worker, transport = connected
+        worker, tunnel = connected
+        transport = tunnel.transport
+        assert transport is not None
+        # the session is the worker's load for its whole life, as a request is for its own
         worker.in_flight += 1
         worker.requests += 1
+        worker.ws_sessions += 1
         self.ws_sessions += 1
+        self.tunnels.add(tunnel)
+        if transport.is_closing():  # it closed before this task resumed: not a live session
+            self._tunnel_closed(client, worker, tunnel)
+            return
         pending = client.ws_pending or b""
         client.ws_pending = None
         client.tunnel = transport
@@ -561,21 +589,49 @@ class RequestPath:
         if client.closed:
             transport.close()
 
-    def _tunnel_closed(self, client: ClientConnection, worker: WorkerState) -> Callable[[], None]:
-        """What a WebSocket tunnel to ``worker`` calls when it closes: its load released once."""
-        done = False
+    def _tunnel_closed(self, client: ClientConnection, worker: WorkerState, tunnel: Tunnel) -> None:
+        """A WebSocket tunnel to ``worker`` closed: its load is released (once), and the client
+        learns why. The worker's own close frame went through untouched; a worker connection
+        that ended without one (the worker died) gets the router's 1011 to the client."""
+        if tunnel not in self.tunnels:
+            return  # a connection given up before the upgrade went out: never counted
+        self.tunnels.discard(tunnel)
+        worker.in_flight -= 1
+        worker.ws_sessions -= 1
+        self.in_flight -= 1
+        self.ws_sessions -= 1
+        if not tunnel.status and not client.closed:  # no answer to the upgrade at all
+            reason = "worker closed the connection before answering the WebSocket upgrade"
+            worker.errors += 1
+            self._transport_failure(worker, reason)
+            self.fail(client, OmniError(502, ErrorCode.WORKER_UNAVAILABLE, reason))
+            return
+        self.metrics.request(client.route, tunnel.status or 499, time.monotonic() - client.started)
+        frames = tunnel.frames
+        if not tunnel.upgraded:
+            pass  # the worker refused the upgrade: the client has its HTTP answer
+        elif tunnel.router_code is not None:
+            self.metrics.ws_closed(CloseBy.ROUTER, tunnel.router_code)
+        elif frames.close_code is not None:
+            self.metrics.ws_closed(CloseBy.WORKER, frames.close_code)
+        elif client.closed:
+            self.metrics.ws_closed(CloseBy.CLIENT, None)
+        else:
+            worker.errors += 1
+            self._transport_failure(worker, "WebSocket: worker connection ended without a close")
+            if tunnel.end_for_client(WORKER_LOST, _WORKER_LOST_REASON):
+                self.metrics.ws_closed(CloseBy.ROUTER, WORKER_LOST)
+            else:
+                self.metrics.ws_closed(CloseBy.DROPPED, None)
+        tunnel.client.close()
 
-        def closed() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            worker.in_flight -= 1
-            self.in_flight -= 1
-            self.ws_sessions -= 1
-            self.metrics.request(client.route, 101, time.monotonic() - client.started)
-
-        return closed
+    def close_websockets(self) -> None:
+        """The router stops: every session still open ends with 1001 (going away), on which
+        clients reconnect (to another router) and resume their session."""
+        for tunnel in list(self.tunnels):
+            tunnel.end_for_client(GOING_AWAY, "router shutting down; reconnect to resume")
+            if tunnel.transport is not None:
+                tunnel.transport.close()
 
     async def sweep(self) -> None:
         """Headers and idle-between-chunks timeouts, checked for every exchange at once."""

@@ -54,6 +54,7 @@ class WorkerState:
         "static",
         "streaming",
         "url",
+        "ws_sessions",
     )
 
     def __init__(self, record: WorkerRecord, settings: RouterSettings, static: bool) -> None:
@@ -68,6 +69,7 @@ class WorkerState:
         )
         self.in_flight = 0  # this process's requests on the worker now
         self.requests = 0
+        self.ws_sessions = 0  # this process's WebSocket sessions on the worker (in in_flight too)
         self.errors = 0
         self.last_picked = 0  # recency order for round_robin
         self.latency = 0.0  # moving average of request duration (s), a tie-breaker for `load`
@@ -159,6 +161,7 @@ class WorkerState:
             "capacity": self.capacity,
             "in_flight": self.in_flight,
             "requests": self.requests,
+            "websocket_sessions": self.ws_sessions,
             "errors": self.errors,
             "health": self.health.describe(),
             "load": None if load is None else load.model_dump(mode="json"),

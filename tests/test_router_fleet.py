@@ -5,6 +5,7 @@ WebSocket sessions pinned to one worker."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from pathlib import Path
@@ -151,6 +152,71 @@ def test_websocket_session_is_pinned_to_one_worker(redis_url: str) -> None:
             assert asyncio.run(session({"x-session-id": "call-42"}))[0] == first
         assert w1.stats()["ws_messages"] + w2.stats()["ws_messages"] == 70
         wait_for(lambda: router.diagnostics()["router"]["websocket_sessions"] == 0, 5)
+    finally:
+        router.stop()
+        w1.stop()
+        w2.stop()
+
+
+def test_websocket_close_codes_load_and_worker_loss(redis_url: str) -> None:
+    """A session counts in its worker's load while open; the worker's close code reaches the
+    client untouched; a worker that dies mid-session gets the client a 1011 from the router
+    (not a hang or a bare TCP close); a reconnect with the same session id (header or
+    ``session_id`` query parameter) lands on a live worker; a stopping router ends the
+    sessions still open with 1001."""
+    w1 = FakeWorker("w1", redis_url=redis_url)
+    w2 = FakeWorker("w2", redis_url=redis_url)
+    router = Router("--redis-url", redis_url, "--shutdown-grace-s", "0.5", name="router-ws-close")
+    ws_url = router.url.replace("http://", "ws://") + "/v1/realtime"
+    fakes = {"w1": w1, "w2": w2}
+
+    def worker_row(wid: str) -> dict:
+        return next(w for w in router.diagnostics()["workers"] if w["id"] == wid)
+
+    async def closed_with(ws: websockets.ClientConnection) -> int:
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), 5)
+        assert info.value.rcvd is not None, "no close frame: a bare TCP close"
+        return info.value.rcvd.code
+
+    async def scenario() -> None:
+        headers = {"x-session-id": "call-7"}
+        async with websockets.connect(ws_url, additional_headers=headers) as ws:
+            first = ws.response.headers["x-omni-worker-id"]
+            row = worker_row(first)
+            assert (row["websocket_sessions"], row["in_flight"]) == (1, 1)
+            await ws.send("close 1012")
+            assert await closed_with(ws) == 1012  # the worker's code, untouched
+        wait_for(lambda: worker_row(first)["in_flight"] == 0, 5)
+        async with websockets.connect(ws_url, additional_headers=headers) as ws:
+            assert ws.response.headers["x-omni-worker-id"] == first  # pinned by the key
+            await ws.send("hello")
+            assert str(await ws.recv()).startswith(first)
+            fakes[first].kill()
+            assert await closed_with(ws) == 1011
+        async with websockets.connect(ws_url + "?model=fake-model&session_id=call-7") as ws:
+            other = ws.response.headers["x-omni-worker-id"]
+            assert other != first
+            await ws.send("hello")
+            assert str(await ws.recv()) == f"{other}:hello"
+
+    async def router_stops() -> None:
+        async with websockets.connect(ws_url) as ws:
+            router.p.send_signal(signal.SIGTERM)
+            assert await closed_with(ws) == 1001
+
+    try:
+        wait_for(lambda: routable(router) == {"w1", "w2"}, 5)
+        asyncio.run(scenario())
+        wait_for(lambda: router.diagnostics()["router"]["websocket_sessions"] == 0, 5)
+        assert router.diagnostics()["router"]["in_flight"] == 0
+        metrics = router.metrics()
+        for line in (
+            'omni_router_websocket_closes_total{by="worker",code="1012"} 1.0',
+            'omni_router_websocket_closes_total{by="router",code="1011"} 1.0',
+        ):
+            assert line in metrics, metrics
+        asyncio.run(router_stops())
     finally:
         router.stop()
         w1.stop()

@@ -1,8 +1,9 @@
 """A small real HTTP fake worker for router tests (raw asyncio + httptools).
 
 Serves /health, /v1/models, /v1/chat/completions (JSON or SSE), /v1/audio/speech (chunked
-audio), a WebSocket echo on /v1/realtime, and registers itself in Redis through ``fleet.store``
-(record, heartbeat, load reports, events) when given ``--redis-url``. Test controls live under
+audio), a WebSocket echo on /v1/realtime (the message ``close 1012`` closes with that code),
+and registers itself in Redis through ``fleet.store`` (record, heartbeat, load reports,
+events) when given ``--redis-url``. Test controls live under
 ``/_fake/``: drain, ready, leave, load (override the reported load), health (fail probes),
 break (cut the next stream after N events), stats (what it received).
 
@@ -317,6 +318,11 @@ class Conn(asyncio.Protocol):
             opcode = b0 & 0x0F
             if opcode == 8:  # close
                 self.transport.write(b"\x88\x00")  # type: ignore[union-attr]
+                self.transport.close()  # type: ignore[union-attr]
+                return
+            if opcode == 1 and payload.startswith(b"close "):  # "close 1012": end with that code
+                code = struct.pack(">H", int(payload[6:]))
+                self.transport.write(b"\x88\x02" + code)  # type: ignore[union-attr]
                 self.transport.close()  # type: ignore[union-attr]
                 return
             if opcode == 1:
