@@ -389,6 +389,32 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
     assert r.llen(KEYS.conversation(session_id)) == MAX_ITEMS
 
 
+async def test_beta_protocol_names(worker: WorkerProcess) -> None:
+    """``client.beta.realtime`` (``OpenAI-Beta: realtime=v1``) gets the beta event names."""
+    ws_url = worker.url.replace("http://", "ws://") + "/v1"
+    beta = openai.AsyncOpenAI(
+        base_url=worker.url + "/v1", websocket_base_url=ws_url, api_key=TOKEN, max_retries=0
+    )
+    async with beta.beta.realtime.connect(model=MODEL) as conn:
+        event = await conn.recv()
+        assert event.session.modalities == ["text", "audio"]
+        assert event.session.input_audio_format == "pcm16"
+        await conn.session.update(session={"turn_detection": None, "instructions": "Hi."})
+        await next_of(conn, "session.updated")
+        await say(conn, "Hello")
+        await conn.response.create()
+        done, seen = await next_of(conn, "response.done")
+    beta_names = {
+        "conversation.item.created",
+        "response.audio.delta",
+        "response.audio_transcript.delta",
+        "response.audio_transcript.done",
+    }
+    assert beta_names <= set(seen)
+    assert not {"conversation.item.done", "response.output_audio.delta"} & set(seen)
+    assert done.response.output[0].content[0].type == "audio"
+
+
 async def test_drain_finishes_the_reply_then_closes_with_1012(worker: WorkerProcess) -> None:
     """Last: SIGTERM stops the module's worker."""
     async with connect(worker) as conn:

@@ -13,8 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from fleet.errors import OmniError
 from worker.api.errors import stage_error
 from worker.api.generation import events
@@ -22,7 +20,7 @@ from worker.api.realtime.config import PCM_FORMAT, PCM_RATE
 from worker.api.realtime.conversation import Conversation, message_item, new_id, public
 from worker.api.realtime.conversation import spoken_text as spoken_part
 from worker.api.realtime.errors import RealtimeError
-from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
+from worker.engine import AudioChunk, Finished, GenerationRequest, StageFailed
 from worker.engine import TextDelta as EngineText
 from worker.service import WorkerService
 
@@ -49,15 +47,15 @@ class Channel(Protocol):
 
 @dataclass
 class ResponsePlan:
-    """A ``response.create`` resolved against the session's settings."""
+    """A ``response.create`` resolved against the session's settings (``planning``)."""
 
-    messages: list[dict]
+    request: GenerationRequest  # its request and session ids are the response's
     modalities: list[str]
     voice: str | None = None
-    voice_audio: np.ndarray | None = None
     max_tokens: int | None = None
     in_conversation: bool = True  # conversation "none": an out-of-band reply, not stored
     metadata: dict | None = None
+    spoken: str | None = None  # text-to-speech: the text the audio says, known at the start
 
 
 @dataclass
@@ -176,16 +174,11 @@ class Response:
                 if self.audio
                 else "response.output_text.delta"
             )
-            request = GenerationRequest(
-                request_id=self.id,
-                kind=RequestKind.CHAT,
-                messages=self.plan.messages,
-                output_audio=self.audio,
-                voice=self.plan.voice,
-                voice_audio=self.plan.voice_audio,
-                max_tokens=self.plan.max_tokens,
-                session_id=ch.session_id,
-            )
+            request = self.plan.request
+            request.request_id, request.session_id = self.id, ch.session_id
+            if self.plan.spoken is not None:
+                self.text.append(self.plan.spoken)
+                await send({"type": text_event, **where, "delta": self.plan.spoken})
             async with events(ch.service, request) as stream:
                 async for event in stream:
                     if isinstance(event, EngineText):

@@ -28,7 +28,8 @@ from worker.api.realtime.conversation import (
 from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_pcm16, ms
-from worker.api.realtime.response import Response, ResponsePlan, SessionClosed
+from worker.api.realtime.planning import plan_response
+from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
 from worker.api.voices import resolve_voice
 from worker.service import WorkerService
@@ -63,6 +64,11 @@ class RealtimeSession:
         self.config = cfg.SessionConfig()
         if Modality.AUDIO not in service.capabilities.output_modalities:
             self.config.output_modalities = ["text"]
+        self.hears = Modality.AUDIO in service.capabilities.input_modalities
+        if not self.hears:  # text-to-speech: no audio comes in, so no turns to detect
+            self.config.turn_detection = None
+        speakers = service.engine.speakers()
+        self.config.voice = speakers[0] if speakers else None  # a built-in: nothing to fetch
         self.voice_audio = None
         self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)
         self.conversation = Conversation(store, self.stored_name, settings.realtime_max_items)
@@ -156,6 +162,10 @@ class RealtimeSession:
         await self.send({"type": "session.updated", "session": self.view()})
 
     async def _append(self, event: ev.AudioAppend) -> None:
+        if not self.hears:
+            raise RealtimeError(
+                Code.INVALID_REQUEST, f"model {self.model!r} takes no audio input", "audio"
+            )
         pcm = decode_pcm16(event.audio)
         self.buffer.append(pcm)
         if self.vad is None:
@@ -270,58 +280,10 @@ class RealtimeSession:
         await self._start_response(event.response)
 
     async def _start_response(self, given: ev.ResponseIn | None) -> None:
-        plan = await self._plan(given)
+        plan = await plan_response(self, given or ev.ResponseIn())
         response = Response(self, plan)
         self.response = response
         response.start()
-
-    async def _plan(self, given: ev.ResponseIn | None) -> ResponsePlan:
-        c = self.config
-        given = given or ev.ResponseIn()
-        modalities = (
-            cfg.modalities(given.output_modalities or given.modalities) or c.output_modalities
-        )
-        if (
-            "audio" in modalities
-            and Modality.AUDIO not in self.service.capabilities.output_modalities
-        ):
-            raise RealtimeError(
-                Code.INVALID_REQUEST,
-                f"model {self.model!r} does not produce audio",
-                "response.output_modalities",
-            )
-        voice, voice_audio = c.voice, self.voice_audio
-        asked = (
-            cfg.voice_name(given.audio.output.voice if given.audio and given.audio.output else None)
-            or given.voice
-        )
-        if asked is not None and asked != voice:
-            try:
-                voice, voice_audio = await resolve_voice(
-                    self.service, asked, "response.audio.output.voice"
-                )
-            except OmniError as exc:
-                raise RealtimeError.from_omni(exc) from exc
-        if voice is None and "audio" in modalities:
-            speakers = self.service.engine.speakers()
-            voice = speakers[0] if speakers else None
-        instructions = given.instructions if given.instructions is not None else c.instructions
-        extra = [item_from_client(i, self.buffer.max_bytes) for i in given.input or []]
-        in_conversation = given.conversation in (None, "auto")
-        if in_conversation:
-            messages = self.conversation.messages(instructions, extra)
-        else:
-            messages = Conversation(None, "", len(extra) + 1, extra).messages(instructions)
-        limit = cfg.max_tokens(given.max_output_tokens or given.max_response_output_tokens)
-        return ResponsePlan(
-            messages=messages,
-            modalities=modalities,
-            voice=voice,
-            voice_audio=voice_audio,
-            max_tokens=limit or c.max_output_tokens,
-            in_conversation=in_conversation,
-            metadata=given.metadata,
-        )
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         response = self.response
