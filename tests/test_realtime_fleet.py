@@ -1,0 +1,270 @@
+"""Realtime voice sessions end to end: the official ``openai`` SDK's realtime client through a
+real omni-router to real tiny-omni workers of the live fleet (Redis, three workers, two
+routers, API keys). Text in -> text and audio out; audio in with server VAD; two turns;
+a cancelled response whose stages are freed; a worker killed mid-session and the SDK's own
+reconnect (same session id) resuming the conversation on another worker; a draining worker
+finishing its response, then closing with 1012."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import uuid
+
+import httpx
+import pytest
+
+from tests.realtime_client import (
+    audio_session,
+    read_response,
+    sdk_client,
+    silence_pcm,
+    speech_pcm,
+    stream_audio,
+)
+from tests.reliability.fleet import KEYS, MODEL, Fleet, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+SESSION_HEADER = "x-session-id"
+# a response that ran to its end: "incomplete" when it stopped at max_output_tokens
+FINISHED = ("completed", "incomplete")
+
+
+def new_session_id() -> str:
+    return f"rt-{uuid.uuid4().hex[:12]}"
+
+
+def connect(fleet: Fleet, session_id: str, router: int = 0, **kw):
+    """The SDK's connection manager for a session, through router ``router``."""
+    client = sdk_client(fleet.routers[router].url, fleet.api_key)
+    return client.realtime.connect(model=MODEL, extra_headers={SESSION_HEADER: session_id}, **kw)
+
+
+def bound_worker(fleet: Fleet, session_id: str) -> str:
+    """The worker the routers pinned the session to (its affinity binding in Redis)."""
+    r = fleet.redis_client()
+    try:
+        value = r.get(KEYS.affinity(session_id))
+    finally:
+        r.close()
+    assert value, f"session {session_id} is not bound"
+    return value.decode()
+
+
+async def say(conn, text: str, **response) -> object:
+    """A user text item, then a response; the response as the client saw it."""
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    await conn.response.create(response=response or None)
+    return await read_response(conn)
+
+
+async def opened(conn) -> None:
+    event = await conn.recv()
+    assert event.type == "session.created", event
+
+
+def worker_metric(fleet: Fleet, worker_id: str, name: str) -> dict[str, float]:
+    """label text -> value of one metric family on a worker's /metrics."""
+    w = fleet.workers[worker_id]
+    text = httpx.get(w.url + "/metrics", headers=w.headers, timeout=5).text
+    out = {}
+    for m in re.finditer(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M):
+        out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def test_text_in_text_and_audio_out(omni_fleet: Fleet) -> None:
+    async def run() -> None:
+        sid = new_session_id()
+        async with connect(omni_fleet, sid) as conn:
+            await opened(conn)
+            await conn.session.update(session=audio_session(max_output_tokens=12))
+            assert (await conn.recv()).type == "session.updated"
+            r = await say(conn, "Hello, who are you?")
+            assert r.status in FINISHED, r.events
+            assert r.transcript and len(r.audio) > 0 and len(r.audio) % 2 == 0
+            assert r.usage.output_tokens and r.usage.input_tokens
+            for kind in ("response.created", "response.output_audio_transcript.done"):
+                assert kind in r.events
+            # text only: text deltas, no audio
+            r = await say(conn, "And in text?", output_modalities=["text"])
+            assert r.status in FINISHED and r.text and not r.audio
+        assert bound_worker(omni_fleet, sid) in omni_fleet.workers
+
+    asyncio.run(run())
+
+
+def test_audio_in_with_server_vad(omni_fleet: Fleet) -> None:
+    async def run() -> None:
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+            vad = {"type": "server_vad", "silence_duration_ms": 300, "prefix_padding_ms": 200}
+            await conn.session.update(session=audio_session(vad=vad, max_output_tokens=8))
+            await stream_audio(conn, silence_pcm(0.4) + speech_pcm(1.0), paced=False)
+            # the trailing silence ends the turn: the server commits and answers by itself
+            await stream_audio(conn, silence_pcm(0.6), paced=False)
+            r = await read_response(conn)
+            seen = r.events
+            order = [
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "response.created",
+            ]
+            assert [seen.index(k) for k in order] == sorted(seen.index(k) for k in order), seen
+            assert r.status in FINISHED and len(r.audio) > 0
+
+    asyncio.run(run())
+
+
+def test_two_turns_second_sees_the_first(omni_fleet: Fleet) -> None:
+    async def run() -> None:
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+            await conn.session.update(session=audio_session(max_output_tokens=6))
+            first = await say(conn, "My name is Ada.")
+            second = await say(conn, "What is my name?")
+        # the second prompt holds the first turn (question and answer) before the new question
+        u1, u2 = first.usage, second.usage
+        assert u2.input_tokens >= u1.input_tokens + u1.output_tokens, (u1, u2)
+
+    asyncio.run(run())
+
+
+def test_cancelled_response_frees_its_stages(omni_fleet: Fleet) -> None:
+    depth = "omni_worker_stage_queue_depth"
+
+    async def run() -> None:
+        sid = new_session_id()
+        async with connect(omni_fleet, sid) as conn:
+            await opened(conn)
+            await conn.session.update(session=audio_session())  # as long as the model goes
+            await say(conn, "Hello.", max_output_tokens=2)
+            worker = bound_worker(omni_fleet, sid)
+            aborted = worker_metric(omni_fleet, worker, "omni_worker_aborted_total")[""]
+            busy: dict[str, float] = {}
+
+            async def cancel_on_first_audio(event, r) -> None:
+                if event.type == "response.output_audio.delta" and len(r.audio) == 0:
+                    busy.update(worker_metric(omni_fleet, worker, depth))
+                    await conn.response.cancel()
+
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Talk for a long time."}],
+                }
+            )
+            await conn.response.create()
+            r = await read_response(conn, cancel_on_first_audio)
+            assert r.status == "cancelled", r.events
+            assert any(busy.values()), busy  # the response was at work in the stages
+            # a whole response runs for seconds more (128 tokens on this model): every stage
+            # is idle long before that, and the worker counts the abort
+            wait_until(
+                lambda: not any(worker_metric(omni_fleet, worker, depth).values()),
+                3,
+                "stage queues empty after the cancel",
+                interval=0.05,
+            )
+            assert worker_metric(omni_fleet, worker, "omni_worker_aborted_total")[""] == aborted + 1
+            # the session lives on: the next response is whole
+            again = await say(conn, "Short answer please.", max_output_tokens=4)
+            assert again.status in FINISHED
+
+    asyncio.run(run())
+
+
+def test_worker_killed_mid_session_resumes_on_another(omni_fleet: Fleet) -> None:
+    closes: list[int] = []
+
+    def reconnecting(event):
+        closes.append(event.close_code)
+        return None  # same query and headers: the same session id
+
+    async def run() -> tuple[str, str]:
+        sid = new_session_id()
+        async with connect(
+            omni_fleet, sid, on_reconnecting=reconnecting, initial_delay=0.2
+        ) as conn:
+            await opened(conn)
+            await conn.session.update(session=audio_session(max_output_tokens=6))
+            first = await say(conn, "Remember the word: lantern.")
+            victim = bound_worker(omni_fleet, sid)
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Now talk for long."}],
+                }
+            )
+            await conn.response.create(response={"max_output_tokens": 400})
+            async for event in conn:  # the SDK's iterator reconnects on 1011
+                if event.type == "response.output_audio.delta" and not closes:
+                    omni_fleet.signal_tree(omni_fleet.workers[victim], signal.SIGKILL)
+                if event.type == "session.created":
+                    break  # a fresh socket: the session, resumed on another worker
+            assert closes == [1011], closes
+            resumed = await say(conn, "Which word?")
+            assert resumed.status in FINISHED
+            # the history came back from Redis: the new prompt holds the first turn
+            assert resumed.usage.input_tokens >= first.usage.input_tokens + (
+                first.usage.output_tokens
+            )
+            return victim, bound_worker(omni_fleet, sid)
+
+    victim, now = asyncio.run(run())
+    omni_fleet.retire(victim)
+    assert now != victim and now in omni_fleet.workers
+
+
+def test_draining_worker_finishes_then_closes_1012(omni_fleet: Fleet) -> None:
+    closes: list[int] = []
+
+    def reconnecting(event):
+        closes.append(event.close_code)
+
+    async def run() -> tuple[str, str]:
+        sid = new_session_id()
+        conn_mgr = connect(
+            omni_fleet,
+            sid,
+            on_reconnecting=lambda e: closes.append(e.close_code),
+            initial_delay=0.2,
+        )
+        async with conn_mgr as conn:
+            await opened(conn)
+            await conn.session.update(session=audio_session(max_output_tokens=24))
+            await say(conn, "Hello.")
+            victim = bound_worker(omni_fleet, sid)
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me more."}],
+                }
+            )
+            await conn.response.create()
+
+            async def drain_on_first_audio(event, r) -> None:
+                if event.type == "response.output_audio.delta" and len(r.audio) == 0:
+                    omni_fleet.workers[victim].proc.send_signal(signal.SIGTERM)
+
+            r = await read_response(conn, drain_on_first_audio)
+            assert r.status in FINISHED, r.events  # the response in flight finished
+            async for event in conn:  # then 1012, and the SDK reconnects elsewhere
+                if event.type == "session.created":
+                    break
+            assert closes == [1012], closes
+            after = await say(conn, "Still there?")
+            assert after.status in FINISHED
+            return victim, bound_worker(omni_fleet, sid)
+
+    victim, now = asyncio.run(run())
+    assert omni_fleet.workers[victim].wait_exit(60) == 0
+    omni_fleet.retire(victim)
+    assert now != victim and now in omni_fleet.workers
