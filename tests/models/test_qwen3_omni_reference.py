@@ -9,9 +9,13 @@ must agree. Two checkpoints of different sizes (experts, code groups, widths) ru
 from __future__ import annotations
 
 import base64
+import dataclasses
+import functools
 import io
 import json
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,59 +111,175 @@ def _video() -> tuple[str, np.ndarray]:
     return "data:video/mp4;base64," + base64.b64encode(raw).decode(), video.frames
 
 
-@pytest.mark.parametrize("kind", ["image", "video"])
-def test_visual_chat_equals_transformers_generate(kind: str, served) -> None:
+@dataclass
+class Reply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    pcm: np.ndarray | None  # int16 at 24 kHz when speech was asked for
+
+
+def _ask(worker: WorkerProcess, parts: list[dict], speech: bool) -> Reply:
+    """One greedy chat request over HTTP; ``parts`` in the OpenAI content-part shape."""
+    body: dict = {
+        "model": "tiny-omni",
+        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}],
+        "max_tokens": MAX_TOKENS,
+    }
+    if speech:
+        body |= {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    message, usage = reply["choices"][0]["message"], reply["usage"]
+    if not speech:
+        return Reply(message["content"], usage["prompt_tokens"], usage["completion_tokens"], None)
+    pcm, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])), dtype="int16")
+    assert rate == 24_000
+    transcript = message["audio"]["transcript"]
+    return Reply(transcript, usage["prompt_tokens"], usage["completion_tokens"], pcm)
+
+
+def _audio_part(wav: bytes) -> dict:
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"},
+    }
+
+
+def _url_part(kind: str, url: str) -> dict:
+    return {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
+
+
+@functools.cache
+def _model(checkpoint: Path):
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
+
+
+def _reference(checkpoint: Path, media: list[dict], speech: bool) -> Reply:
+    """``Qwen3OmniMoeForConditionalGeneration.generate`` alone on the same prompt: ``media`` are
+    the processor's parts (``audio`` float32 at 16 kHz, ``image`` HxWx3, ``video`` TxHxWx3)."""
+    import torch
+
     from worker.models.qwen3_omni.processor import OmniProcessor
 
-    url, pixels = _image() if kind == "image" else _video()
-    tiny = served("tiny-omni")
-    part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
-    body = {
-        "model": "tiny-omni",
-        "messages": [{"role": "user", "content": [part, {"type": "text", "text": PROMPT}]}],
-        "max_tokens": MAX_TOKENS,
-    }
-    r = httpx.post(tiny.worker.url + "/v1/chat/completions", json=body, timeout=180)
-    assert r.status_code == 200, r.text
-    reply = r.json()
-    checkpoint = tiny.checkpoint
     proc = OmniProcessor(checkpoint)
-    media = {"type": kind, kind: pixels, "fps": 2.0}
     prepared = proc.prepare(
-        [{"role": "user", "content": [media, {"type": "text", "text": PROMPT}]}]
+        [{"role": "user", "content": [*media, {"type": "text", "text": PROMPT}]}]
     )
-    if kind == "image":
-        visual = {
-            "pixel_values": torch.from_numpy(prepared.pixel_values),
-            "image_grid_thw": torch.from_numpy(prepared.image_grid),
-        }
+    inputs: dict = {}
+    clips = [p["audio"] for p in media if p["type"] == "audio"]
+    if clips:
+        feats = proc.features(
+            clips, sampling_rate=16_000, padding=True, return_attention_mask=True,
+            return_tensors="pt",
+        )  # fmt: skip
+        inputs["input_features"] = feats["input_features"]
+        inputs["feature_attention_mask"] = feats["attention_mask"]
+    if prepared.pixel_values is not None:
+        inputs["pixel_values"] = torch.from_numpy(prepared.pixel_values)
+        inputs["image_grid_thw"] = torch.from_numpy(prepared.image_grid)
+    if prepared.video_values is not None:
+        inputs["pixel_values_videos"] = torch.from_numpy(prepared.video_values)
+        inputs["video_grid_thw"] = torch.from_numpy(prepared.video_grid)
+        inputs["video_second_per_grid"] = torch.tensor(prepared.video_seconds)
+    config = json.loads((checkpoint / "config.json").read_text())
+    im_end = config["im_end_token_id"]
+    ids = prepared.input_ids
+    common = {"thinker_max_new_tokens": MAX_TOKENS, "thinker_eos_token_id": im_end}
+    if speech:
+        talker = yaml.safe_load(SPEC.read_text())["stages"]["talker"]["engine"]["max_new_tokens"]
+        sequences, wav = _model(checkpoint).generate(
+            input_ids=torch.tensor([ids]), speaker="ethan", talker_do_sample=False,
+            talker_max_new_tokens=talker, **common, **inputs,
+        )  # fmt: skip
+        pcm = np.clip(np.round(wav.reshape(-1).float().numpy() * 32767.0), -32768, 32767)
     else:
-        visual = {
-            "pixel_values_videos": torch.from_numpy(prepared.video_values),
-            "video_grid_thw": torch.from_numpy(prepared.video_grid),
-            "video_second_per_grid": torch.tensor(prepared.video_seconds),
-        }
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
-    im_end = json.loads((checkpoint / "config.json").read_text())["im_end_token_id"]
-    sequences = model.generate(
-        input_ids=torch.tensor([prepared.input_ids]),
-        return_audio=False,
-        thinker_max_new_tokens=MAX_TOKENS,
-        thinker_eos_token_id=im_end,
-        **visual,
-    )
-    tokens = sequences[0, len(prepared.input_ids) :].tolist()
+        sequences = _model(checkpoint).generate(
+            input_ids=torch.tensor([ids]), return_audio=False, **common, **inputs
+        )
+        pcm = None
+    tokens = sequences[0, len(ids) :].tolist()
     if tokens and tokens[-1] == im_end:
         tokens = tokens[:-1]
     assert tokens
-    assert reply["usage"]["prompt_tokens"] == len(prepared.input_ids)
-    assert reply["usage"]["completion_tokens"] == len(tokens)
-    assert reply["choices"][0]["message"]["content"] == proc.tokenizer.decode(
-        tokens, skip_special_tokens=True
-    )
+    text = proc.tokenizer.decode(tokens, skip_special_tokens=True)
+    return Reply(text, len(ids), len(tokens), pcm)
+
+
+def _assert_equal(served: Reply, reference: Reply) -> None:
+    assert (served.text, served.prompt_tokens, served.completion_tokens) == (
+        reference.text, reference.prompt_tokens, reference.completion_tokens,
+    )  # fmt: skip
+    if reference.pcm is None:
+        assert served.pcm is None
+        return
+    assert served.pcm is not None and served.pcm.shape == reference.pcm.shape
+    assert np.abs(reference.pcm).max() > 100  # real audio, not silence
+    assert np.abs(served.pcm.astype(np.int32) - reference.pcm).max() <= 2
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_visual_chat_equals_transformers_generate(kind: str, served) -> None:
+    url, pixels = _image() if kind == "image" else _video()
+    tiny = served("tiny-omni")
+    reply = _ask(tiny.worker, [_url_part(kind, url)], speech=False)
+    media = {"type": kind, kind: pixels, "fps": 2.0}
+    _assert_equal(reply, _reference(tiny.checkpoint, [media], speech=False))
+
+
+def test_speech_about_an_image_equals_transformers_generate(served) -> None:
+    url, pixels = _image()
+    tiny = served("tiny-omni")
+    reply = _ask(tiny.worker, [_url_part("image", url)], speech=True)
+    _assert_equal(reply, _reference(tiny.checkpoint, [{"type": "image", "image": pixels}], True))
+
+
+def test_audio_and_video_in_one_request_equal_transformers_generate(served) -> None:
+    """Both encoders feed one prompt (the 3-D positions of a clip and a video). With speech out
+    the talker builds on both; ``generate`` cannot (its talker lacks the audio tower's
+    ``n_window`` for audio beside a visual input), so its text is the reference there."""
+    wav, audio = _input_audio()
+    url, frames = _video()
+    tiny = served("tiny-omni")
+    parts = [_audio_part(wav), _url_part("video", url)]
+    media = [{"type": "audio", "audio": audio}, {"type": "video", "video": frames, "fps": 2.0}]
+    reference = _reference(tiny.checkpoint, media, speech=False)
+    _assert_equal(_ask(tiny.worker, parts, speech=False), reference)
+    spoken = _ask(tiny.worker, parts, speech=True)
+    assert spoken.pcm is not None and np.abs(spoken.pcm).max() > 100
+    _assert_equal(dataclasses.replace(spoken, pcm=None), reference)
+
+
+def test_concurrent_requests_are_batched_and_each_equals_generate_alone(served) -> None:
+    """Requests in flight together share the thinker's and talker's decode steps; each answer
+    is still what ``generate`` gives for that request alone."""
+    wav, audio = _input_audio()
+    url, pixels = _image()
+    tiny = served("tiny-omni")
+    cases = [  # (HTTP parts, processor parts, speech)
+        ([], [], True),
+        ([_audio_part(wav)], [{"type": "audio", "audio": audio}], False),
+        ([_url_part("image", url)], [{"type": "image", "image": pixels}], True),
+        ([], [], False),
+    ]
+    spans: list[tuple[float, float]] = []
+
+    def ask(case: tuple) -> Reply:
+        start = time.monotonic()
+        reply = _ask(tiny.worker, case[0], speech=case[2])
+        spans.append((start, time.monotonic()))
+        return reply
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        replies = list(pool.map(ask, cases))
+    # all were in flight at once: the last one started before the first one finished
+    assert max(a for a, _ in spans) < min(b for _, b in spans)
+    for (_, media, speech), reply in zip(cases, replies, strict=True):
+        _assert_equal(reply, _reference(tiny.checkpoint, media, speech))
 
 
 def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> None:
@@ -181,70 +301,9 @@ def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> 
     np.testing.assert_allclose(patches, expected["pixel_values"], atol=1e-5)
 
 
-def _reference(checkpoint: Path, audio: np.ndarray) -> tuple[str, int, np.ndarray]:
-    import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    from worker.models.qwen3_omni.processor import OmniProcessor
-
-    proc = OmniProcessor(checkpoint)
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "audio", "audio": audio}, {"type": "text", "text": PROMPT}],
-        }
-    ]
-    ids = proc.prepare(messages).input_ids
-    feats = proc.features(
-        [audio], sampling_rate=16_000, padding=True, return_attention_mask=True, return_tensors="pt"
-    )
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
-    config = json.loads((checkpoint / "config.json").read_text())
-    talker_max = yaml.safe_load(SPEC.read_text())["stages"]["talker"]["engine"]["max_new_tokens"]
-    sequences, wav = model.generate(
-        input_ids=torch.tensor([ids]),
-        input_features=feats["input_features"],
-        feature_attention_mask=feats["attention_mask"],
-        speaker="ethan",
-        thinker_max_new_tokens=MAX_TOKENS,
-        thinker_eos_token_id=config["im_end_token_id"],
-        talker_do_sample=False,
-        talker_max_new_tokens=talker_max,
-    )
-    reply = sequences[0, len(ids) :].tolist()
-    if reply and reply[-1] == config["im_end_token_id"]:
-        reply = reply[:-1]
-    text = proc.tokenizer.decode(reply, skip_special_tokens=True)
-    return text, len(reply), wav.reshape(-1).float().numpy()
-
-
 @pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
 def test_worker_equals_transformers_generate(model: str, served) -> None:
-    wav_bytes, audio = _input_audio()
+    wav, audio = _input_audio()
     tiny = served(model)
-    audio_part = {
-        "type": "input_audio",
-        "input_audio": {"data": base64.b64encode(wav_bytes).decode(), "format": "wav"},
-    }
-    body = {
-        "model": "tiny-omni",
-        "messages": [{"role": "user", "content": [audio_part, {"type": "text", "text": PROMPT}]}],
-        "max_tokens": MAX_TOKENS,
-        "modalities": ["text", "audio"],
-        "audio": {"voice": "ethan", "format": "wav"},
-    }
-    r = httpx.post(tiny.worker.url + "/v1/chat/completions", json=body, timeout=180)
-    assert r.status_code == 200, r.text
-    reply = r.json()
-    checkpoint = tiny.checkpoint
-    text, n_tokens, ref_wav = _reference(checkpoint, audio)
-    message = reply["choices"][0]["message"]
-    assert n_tokens > 0
-    assert reply["usage"]["completion_tokens"] == n_tokens
-    assert message["audio"]["transcript"] == text
-    pcm, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])), dtype="int16")
-    assert rate == 24_000
-    expected = np.clip(np.round(ref_wav * 32767.0), -32768, 32767)
-    assert pcm.shape == expected.shape
-    assert np.abs(expected).max() > 100  # real audio, not silence
-    assert np.abs(pcm.astype(np.int32) - expected).max() <= 2
+    reply = _ask(tiny.worker, [_audio_part(wav)], speech=True)
+    _assert_equal(reply, _reference(tiny.checkpoint, [{"type": "audio", "audio": audio}], True))

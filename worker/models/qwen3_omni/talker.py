@@ -67,6 +67,11 @@ class TalkerExecutor(StageExecutor):
         self.mm_ids = torch.tensor(
             [tc.audio_token_id, tc.image_token_id, tc.video_token_id], device=self.ctx.device
         )
+        # transformers' get_rope_index counts an audio clip's tokens with the audio tower's
+        # n_window, read from the model's own config; the talker's has no audio config, so audio
+        # together with an image or video failed there (in generate too): lend it the thinker's
+        if not hasattr(self.talker.config, "audio_config"):
+            self.talker.config.audio_config = self.config.thinker_config.audio_config
         self.pending: list[_Request] = []
         self.running: dict[str, _Request] = {}
         self.batch = KVBatch()
