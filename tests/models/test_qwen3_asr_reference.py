@@ -7,6 +7,10 @@ same 16 kHz audio, with and without a language hint. omni-fleet's own classes lo
 directories: its processor must build the same prompt token for token, its greedy decode must
 produce the same transcript tokens (two sizes: tied and untied embeddings, widths, depths), and
 a real worker must answer ``/v1/audio/transcriptions`` with the package's text and language.
+Long audio with pauses: the package's cut points (at its real limits, 1200 s and the aligner's
+180 s) equal omni-fleet's on 22 minutes of bursts and pauses; with the package's limit lowered
+to 12 s, 40 s of such audio is cut, prompted, decoded and merged (text, languages, offsets)
+as the package does; 35 s in one clip checks the encoder's 8 s attention blocks.
 Bad input (corrupt, empty or over-long audio, unknown language, unsupported format) is a 400.
 """
 
@@ -38,6 +42,21 @@ def _audio(seconds: float, seed: int) -> np.ndarray:
     return sf.read(io.BytesIO(_wav(wav)), dtype="float32")[0]
 
 
+def _pauses(seconds: float, seed: int) -> np.ndarray:
+    """Speech-like audio: tone bursts of 0.4-3 s with pauses of 0.15-0.8 s (faint noise)."""
+    rng = np.random.default_rng(seed)
+    parts, total = [], 0
+    while total < seconds * RATE:
+        n = int(rng.uniform(0.4, 3.0) * RATE)
+        t = np.arange(n) / RATE
+        burst = 0.3 * np.sin(2 * np.pi * rng.uniform(120, 400) * t) * np.hanning(n)
+        gap = 0.002 * rng.standard_normal(int(rng.uniform(0.15, 0.8) * RATE))
+        parts += [burst + 0.02 * rng.standard_normal(n), gap]
+        total += n + gap.size
+    wav = np.concatenate(parts)[: int(seconds * RATE)]
+    return sf.read(io.BytesIO(_wav(wav)), dtype="float32")[0]
+
+
 def _wav(samples: np.ndarray) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, np.asarray(samples, np.float32), RATE, format="WAV", subtype="PCM_16")
@@ -48,7 +67,14 @@ REQUESTS = [
     {"seconds": 2.2, "seed": 0, "language": None},
     {"seconds": 3.7, "seed": 1, "language": "German"},
     {"seconds": 3.7, "seed": 1, "language": None},
+    {"seconds": 35.0, "seed": 4, "language": None, "pauses": True},
+    {"seconds": 40.0, "seed": 5, "language": None, "pauses": True, "max_chunk_seconds": 12},
 ]
+LONG = 22 * 60  # seconds: cut at the package's real limits
+
+
+def _request_audio(r: dict) -> np.ndarray:
+    return (_pauses if r.get("pauses") else _audio)(r["seconds"], r["seed"])
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +83,31 @@ def official(tmp_path_factory) -> dict:
     checkpoints = ref.official_checkpoints(NAMES, tmp, SCRIPT)
     reqs = []
     for i, r in enumerate(REQUESTS):
-        np.save(tmp / f"a{i}.npy", _audio(r["seconds"], r["seed"]))
+        np.save(tmp / f"a{i}.npy", _request_audio(r))
         reqs.append({"audio": str(tmp / f"a{i}.npy"), "max_new_tokens": MAX_NEW,
-                     "language": r["language"]})  # fmt: skip
+                     "language": r["language"],
+                     "max_chunk_seconds": r.get("max_chunk_seconds")})  # fmt: skip
     results = ref.official_generate({n: reqs for n in NAMES}, checkpoints, tmp, SCRIPT)
-    return {"checkpoints": checkpoints, "results": results, "tmp": tmp}
+    np.save(tmp / "long.npy", _pauses(LONG, 9))
+    job = {"cmd": "split", "audio": str(tmp / "long.npy"), "max_seconds": [1200.0, 180.0],
+           "out": str(tmp / "split.npz")}  # fmt: skip
+    ref.run_official([job], tmp, SCRIPT)
+    split = dict(np.load(tmp / "split.npz"))
+    return {"checkpoints": checkpoints, "results": results, "tmp": tmp, "split": split}
+
+
+def test_long_audio_is_cut_where_the_package_cuts(official: dict) -> None:
+    from worker.models.qwen3_asr.processor import cut_at_pauses
+
+    wav = np.load(official["tmp"] / "long.npy")
+    for limit in (1200.0, 180.0):
+        clips = cut_at_pauses(wav, limit)
+        assert len(clips) == (2 if limit == 1200.0 else 8)
+        assert [off for _, off in clips] == official["split"][f"{limit}.offsets"].tolist()
+        assert [c.size for c, _ in clips] == official["split"][f"{limit}.lengths"].tolist()
+        # a cut lands in a pause, not at the limit: within 5 s of it, where it is quiet
+        cut = int(clips[1][1] * RATE)
+        assert abs(cut - limit * RATE) <= 5 * RATE and abs(wav[cut]) < 0.02
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -71,7 +117,7 @@ def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
     import torch
 
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel, greedy
-    from worker.models.qwen3_asr.processor import ASRProcessor
+    from worker.models.qwen3_asr.processor import ASRProcessor, merge_languages
     from worker.models.qwen3_asr.stages import EOS
     from worker.models.qwen3_tts.weights import load_into
 
@@ -83,12 +129,20 @@ def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
     proc = ASRProcessor(ck)
     res = official["results"][name]
     for i, r in enumerate(REQUESTS):
-        (clip,) = proc.clips(_audio(r["seconds"], r["seed"]), proc.language(r["language"]))
-        assert clip.ids == res[f"{i}.prompt"].tolist(), f"prompt {i}"
-        tokens = greedy(model, clip.ids, clip.features, MAX_NEW, set(EOS))
-        assert tokens == res[f"{i}.tokens"].tolist(), f"request {i}"
-        lang, text = proc.parse(proc.decode(tokens), r["language"])
-        assert text == str(res[f"{i}.text"]) and lang == str(res[f"{i}.language"])
+        hint = proc.language(r["language"])
+        clips = proc.clips(_request_audio(r), hint, max_seconds=r.get("max_chunk_seconds") or 1200)
+        assert [c.start for c in clips] == res[f"{i}.offsets"].tolist(), f"request {i}"
+        langs, texts = [], []
+        for j, clip in enumerate(clips):
+            assert clip.ids == res[f"{i}.chunk{j}.prompt"].tolist(), f"prompt {i}.{j}"
+            tokens = greedy(model, clip.ids, clip.features, MAX_NEW, set(EOS) | {258})
+            assert tokens == res[f"{i}.chunk{j}.tokens"].tolist(), f"request {i}.{j}"
+            lang, text = proc.parse(proc.decode(tokens), hint)
+            langs.append(lang)
+            texts.append(text)
+        assert "".join(texts) == str(res[f"{i}.text"]), f"request {i}"
+        assert merge_languages(langs) == str(res[f"{i}.language"]), f"request {i}"
+    assert len(clips) == 4  # the last request: 40 s cut three times near 12 s
 
 
 def test_worker_transcription_equals_official(official: dict) -> None:
@@ -114,10 +168,12 @@ def test_worker_transcription_equals_official(official: dict) -> None:
     try:
         worker.wait_ready(timeout=300)
         for i, r in enumerate(REQUESTS):
+            if r.get("max_chunk_seconds"):
+                continue  # the worker cuts at the package's real limit
             fields = {"response_format": "verbose_json"}
             if r["language"]:
                 fields["language"] = r["language"]
-            got = post(_wav(_audio(r["seconds"], r["seed"])), **fields)
+            got = post(_wav(_request_audio(r)), **fields)
             assert got.status_code == 200, got.text
             body = got.json()
             assert body["text"] == str(res[f"{i}.text"]), f"request {i}"
@@ -133,10 +189,11 @@ def test_worker_transcription_equals_official(official: dict) -> None:
         with httpx.stream("POST", url, data=form, files=files, timeout=300) as s:
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
         assert '"transcript.text.done"' in events[-1]
-        # 35 s: two 30 s clips, two segments' worth of decoding
+        # 35 s: one clip (the package cuts past 1200 s), at most one segment spanning it
         long = post(_wav(np.tile(_audio(5.0, 2), 7)), response_format="verbose_json")
         assert long.status_code == 200, long.text
         assert long.json()["duration"] == 35.0
+        assert [(s["start"], s["end"]) for s in long.json()["segments"]] in ([], [(0.0, 35.0)])
         # bad input: each a clear 400
         for bad, code in (
             (post(b"RIFF\x00\x00junk" * 20), "invalid_audio"),

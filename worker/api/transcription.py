@@ -2,8 +2,9 @@
 
 ``response_format``: json, text, verbose_json (language, duration, segments), srt, vtt;
 ``stream=true``: server-sent events as OpenAI sends them (``transcript.text.delta`` events, then
-``transcript.text.done``). Qwen3-ASR cuts audio into 30 s clips: each clip is a segment, and the
-model's detected language (or the ``language`` hint) is reported."""
+``transcript.text.done``). Qwen3-ASR cuts long audio near pauses (clips of up to 1200 s, as the
+official package cuts it): each clip is a segment, the text is the clips' texts joined, and the
+language is the clips' detected languages in order ("Chinese,English"), or the hint."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from worker.engine import (
     StageFailed,
     TextDelta,
 )
+from worker.models.qwen3_asr.processor import merge_languages
+from worker.models.qwen3_asr.stages import CLIP_MARK
 
 router = APIRouter()
 
@@ -89,10 +92,16 @@ async def transcriptions(request: Request) -> Response:
         ticket.release()
     if result is None:
         return closed_response()
-    languages, texts = _split(result.text)
-    text = "".join(texts) if not asr else " ".join(t for t in texts if t)
-    language = body.language or next((lang for lang in languages if lang), "") or "unknown"
-    segments = _segments(texts, duration) if asr else ([] if not text else [(0.0, duration, text)])
+    clips, texts = _split(result.text)
+    text = "".join(texts)
+    if asr:
+        language = merge_languages([c["language"] for c in clips])
+        pairs = zip(clips, texts, strict=True)
+        segments = [(c["start"], c["end"], t.strip()) for c, t in pairs if t.strip()]
+    else:
+        language = body.language or ""
+        segments = [(0.0, duration, text)] if text else []
+    language = language or "unknown"
     fmt = body.response_format
     if fmt == "text":
         return PlainTextResponse(text)
@@ -119,8 +128,6 @@ async def transcriptions(request: Request) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-LANGUAGE_MARK = "\x00language:"  # worker.models.qwen3_asr.stages: a clip's language
-CLIP_SECONDS = 30.0
 _SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
@@ -130,22 +137,15 @@ def _model_type(service) -> str | None:
     return model_type(service)
 
 
-def _split(deltas: list[str]) -> tuple[list[str], list[str]]:
-    languages, texts = [], []
+def _split(deltas: list[str]) -> tuple[list[dict], list[str]]:
+    """(clips, texts): Qwen3-ASR sends each clip's description before its text."""
+    clips, texts = [], []
     for d in deltas:
-        if d.startswith(LANGUAGE_MARK):
-            languages.append(d[len(LANGUAGE_MARK) :])
+        if d.startswith(CLIP_MARK):
+            clips.append(orjson.loads(d[len(CLIP_MARK) :]))
         else:
             texts.append(d)
-    return languages, texts
-
-
-def _segments(texts: list[str], duration: float) -> list[tuple[float, float, str]]:
-    out = []
-    for i, t in enumerate(texts):
-        start = i * CLIP_SECONDS
-        out.append((start, min(duration, start + CLIP_SECONDS), t.strip()))
-    return [s for s in out if s[2]]
+    return clips, texts
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -175,15 +175,14 @@ async def _sse(service, gen: GenerationRequest, ticket):
             async for event in stream:
                 if isinstance(event, TextDelta):
                     ticket.text()
-                    if event.text.startswith(LANGUAGE_MARK) or not event.text:
+                    if event.text.startswith(CLIP_MARK) or not event.text:
                         continue
-                    delta = (" " if texts else "") + event.text
                     texts.append(event.text)
-                    payload = {"type": "transcript.text.delta", "delta": delta}
+                    payload = {"type": "transcript.text.delta", "delta": event.text}
                     yield b"data: " + orjson.dumps(payload) + b"\n\n"
                 elif isinstance(event, Finished):
                     finished = event
-        done: dict = {"type": "transcript.text.done", "text": " ".join(texts)}
+        done: dict = {"type": "transcript.text.done", "text": "".join(texts)}
         if finished is not None:
             done["usage"] = {
                 "type": "tokens",

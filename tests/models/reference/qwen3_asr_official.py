@@ -7,7 +7,11 @@
         the Whisper feature extractor: Qwen3ASRProcessor.save_pretrained.
         {"cmd": "generate", "checkpoint", "requests", "out"}: Qwen3ASRModel.transcribe on each
         request's 16 kHz audio (greedy), recording the generated token ids and the parsed
-        language and text.
+        language and text. A request's "max_chunk_seconds" lowers the package's cut limit
+        (MAX_ASR_INPUT_SECONDS, 1200 s) so that cutting long audio near pauses is checked on
+        short audio; every chunk's offset, prompt and tokens are recorded.
+        {"cmd": "split", "audio", "max_seconds": [...], "out"}: the package's own
+        split_audio_into_chunks at each limit (offsets and lengths of the chunks).
 
 Never imported by omni-fleet.
 """
@@ -54,6 +58,30 @@ def _register():
     AutoConfig.register("qwen3_asr", Qwen3ASRConfig)
     AutoModel.register(Qwen3ASRConfig, Qwen3ASRForConditionalGeneration)
     AutoProcessor.register(Qwen3ASRConfig, Qwen3ASRProcessor)
+    _window_the_audio_encoder()
+
+
+def _window_the_audio_encoder() -> None:
+    """The audio encoder attends within 8 s blocks (``n_window_infer``: its ``cu_seqlens``),
+    as the package's flash-attention and vLLM paths compute it; its transformers backend never
+    hands the block mask it builds (``_prepare_attention_mask``) to sdpa/eager, so on CPU every
+    clip over 8 s would attend across blocks. The layers get the package's own mask here."""
+    from qwen_asr.core.transformers_backend import modeling_qwen3_asr as mod
+
+    layer = mod.Qwen3ASRAudioEncoderLayer
+    if getattr(layer, "_omni_windowed", False):
+        return
+    forward = layer.forward
+
+    def windowed(self, hidden_states, cu_seqlens, attention_mask=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = mod.Qwen3ASRAudioEncoder._prepare_attention_mask(
+                self.self_attn, hidden_states, cu_seqlens
+            )
+        return forward(self, hidden_states, cu_seqlens, attention_mask, **kwargs)
+
+    layer.forward = windowed
+    layer._omni_windowed = True
 
 
 def build(config_dir: Path, out: Path, seed: int) -> None:
@@ -111,12 +139,15 @@ def build(config_dir: Path, out: Path, seed: int) -> None:
 
 
 def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
+    import qwen_asr.inference.qwen3_asr as package
     from qwen_asr import Qwen3ASRModel
+    from qwen_asr.inference.utils import split_audio_into_chunks
 
     _register()
     requests = json.loads(requests_path.read_text())
     result: dict = {}
     for i, req in enumerate(requests):
+        package.MAX_ASR_INPUT_SECONDS = req.get("max_chunk_seconds") or 1200
         asr = Qwen3ASRModel.from_pretrained(
             str(checkpoint), dtype=torch.float32, device_map="cpu",
             max_new_tokens=req["max_new_tokens"],
@@ -137,6 +168,30 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
         result[f"{i}.prompt"] = seqs[0, :prompt_len].cpu().numpy()
         result[f"{i}.text"] = np.asarray(res[0].text)
         result[f"{i}.language"] = np.asarray(res[0].language)
+        chunks = split_audio_into_chunks(wav, 16000, package.MAX_ASR_INPUT_SECONDS)
+        result[f"{i}.offsets"] = np.asarray([off for _, off in chunks])
+        pad = asr.processor.tokenizer.pad_token_id
+        for j, row in enumerate(seqs):  # left-padded batch of the chunks
+            prompt = row[:prompt_len]
+            result[f"{i}.chunk{j}.prompt"] = prompt[prompt != pad].cpu().numpy()
+            gen = row[prompt_len:].tolist()
+            stop = next((k for k, t in enumerate(gen) if t in EOS), len(gen) - 1)
+            result[f"{i}.chunk{j}.tokens"] = np.asarray(gen[: stop + 1])
+    np.savez(out, **result)
+
+
+EOS = (151645, 151643, 258)  # <|im_end|>, <|endoftext|> (real vocabulary), <|im_end|> (tiny)
+
+
+def split(audio: Path, limits: list[float], out: Path) -> None:
+    from qwen_asr.inference.utils import split_audio_into_chunks
+
+    wav = np.load(audio).astype(np.float32)
+    result = {}
+    for limit in limits:
+        chunks = split_audio_into_chunks(wav, 16000, limit)
+        result[f"{limit}.offsets"] = np.asarray([off for _, off in chunks])
+        result[f"{limit}.lengths"] = np.asarray([c.size for c, _ in chunks])
     np.savez(out, **result)
 
 
@@ -165,6 +220,8 @@ def jobs(path: Path) -> None:
         if job["cmd"] == "bench":
             bench(Path(job["checkpoint"]), Path(job["audio"]), job["n"], job["max_new_tokens"],
                   Path(job["out"]))  # fmt: skip
+        elif job["cmd"] == "split":
+            split(Path(job["audio"]), job["max_seconds"], Path(job["out"]))
         elif job["cmd"] == "build":
             build(Path(job["config_dir"]), Path(job["out"]), int(job["seed"]))
         else:

@@ -4,7 +4,9 @@ published checkpoint's names (``thinker.audio_tower.*``, ``thinker.model.*``, ``
 Audio encoder: 128-bin log-mel frames are cut into windows of ``2 * n_window`` frames, each
 downsampled 8x by three stride-2 convolutions (GELU), flattened through ``conv_out``, given
 sinusoidal positions (restarting in every window), then transformer layers (pre-LayerNorm,
-GELU MLP) over the whole clip, ``ln_post`` and the two-layer projection to the decoder's width.
+GELU MLP) whose attention stays within blocks of ``n_window_infer`` frames' outputs (8 s: 104
+outputs; the model's ``cu_seqlens``), ``ln_post`` and the two-layer projection to the
+decoder's width.
 Text decoder: Qwen3 layers (q/k RMSNorm, grouped-query attention, SwiGLU); the multimodal rope
 of the checkpoint gives every section the same position here, which is plain 1-D rope.
 """
@@ -38,14 +40,23 @@ class AudioAttention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, D)
+    def forward(self, x: torch.Tensor, block: int) -> torch.Tensor:  # (T, D)
+        """Bidirectional attention within consecutive blocks of ``block`` positions (the last
+        block may be shorter): full blocks as one batch, the rest on its own."""
         t, d = x.shape
+        full = t - t % block
+        parts = [self._attend(x[:full].view(full // block, block, d))] if full else []
+        if full < t:
+            parts.append(self._attend(x[full:][None]))
+        return self.out_proj(torch.cat([p.reshape(-1, d) for p in parts]))
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
+        b, n, d = x.shape
         q, k, v = (
-            p(x).view(t, self.heads, -1).transpose(0, 1)[None]
+            p(x).view(b, n, self.heads, -1).transpose(1, 2)
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.out_proj(out[0].transpose(0, 1).reshape(t, d))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
 
 
 class AudioLayer(nn.Module):
@@ -57,8 +68,8 @@ class AudioLayer(nn.Module):
         self.fc2 = nn.Linear(ffn, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x):
-        x = x + self.self_attn(self.self_attn_layer_norm(x))
+    def forward(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), block)
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -106,11 +117,14 @@ class AudioEncoder(nn.Module):
         x = F.gelu(self.conv2d3(x))
         b, c, f, t = x.shape
         x = self.conv_out(x.permute(0, 3, 1, 2).reshape(b, t, c * f))
-        x = x + self.positions[:t].to(x.dtype)[None]
+        x = x + self.positions[:t].to(x.device, x.dtype)[None]
         keep = cnn_output_lengths(torch.tensor(sizes))
         x = torch.cat([x[i, : int(n)] for i, n in enumerate(keep)], dim=0)
+        # The model sizes attention blocks from the longest window's outputs (13 once a clip
+        # holds a full window), times the windows per block.
+        block = int(keep.max()) * (self.n_window_infer // win)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, block)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
 
 

@@ -1,9 +1,10 @@
 """Qwen3-ASR's one stage: audio encoder + Qwen3 decoder (component: the whole model).
 
-A transcription request becomes clips of at most 30 s (``processor``); every clip is a decode
-of its own, and all running clips of all requests step together (one batched decoder step per
-``step``). When a clip ends, its text goes out as one delta, preceded by a control delta naming
-the language the model wrote (``LANGUAGE_MARK``), which the transcription API turns into
+A transcription request becomes clips cut near pauses (``processor``: at most 1200 s each, 180 s
+when timestamps are wanted); every clip is a decode of its own, and all running clips of all
+requests step together (one batched decoder step per ``step``). When a clip ends, its text goes
+out as one delta, preceded by a control delta (``CLIP_MARK`` + JSON: the language the model
+wrote, the clip's start and end in seconds), which the transcription API turns into
 ``language`` and segments. Greedy, as the official package decodes.
 """
 
@@ -13,9 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.models.qwen3_asr.processor import MAX_ALIGN_CLIP_SECONDS, MAX_CLIP_SECONDS
 from worker.stages.base import DONE, INVALID, OUT, Output, RequestMeta, StageExecutor
 
-LANGUAGE_MARK = "\x00language:"  # a text delta starting with this names a clip's language
+CLIP_MARK = "\x00clip:"  # a text delta starting with this describes the clip whose text follows
 OPTIONS_ROLE = "asr_options"
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 
@@ -26,6 +28,8 @@ class _Clip:
     index: int
     ids: list[int]
     features: Any
+    start: float = 0.0
+    end: float = 0.0
     cache: Any = None
     hidden: Any = None
     tokens: list[int] = field(default_factory=list)
@@ -48,7 +52,7 @@ class ASRExecutor(StageExecutor):
 
         from worker.models.qwen3_asr.modeling import Qwen3ASRModel
         from worker.models.qwen3_asr.processor import ASRProcessor
-        from worker.models.qwen3_tts.weights import load_into
+        from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
         ck = self.ctx.checkpoint
@@ -58,9 +62,7 @@ class ASRExecutor(StageExecutor):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
             str(self.ctx.stage.dtype)
         ]
-        load_into(
-            model, ck, device=self.ctx.device, dtype=dtype, component=self.ctx.stage.component
-        )
+        load_stage_weights(model, self.ctx, ck, dtype=dtype, component=self.ctx.stage.component)
         self.model = model.eval()
         self.processor = ASRProcessor(ck)
         self.eos = set(EOS) | {self.processor.tokenizer.convert_tokens_to_ids("<|im_end|>")}
@@ -108,8 +110,13 @@ class ASRExecutor(StageExecutor):
             language = self.processor.language(opts.get("language"))
         except ValueError as exc:
             return [(INVALID, rid, f"{self.ctx.name}: {exc}")]
-        clips = self.processor.clips(audio, language, opts.get("prompt") or "")
-        r = _Req(rid, language, [_Clip(rid, i, c.ids, c.features) for i, c in enumerate(clips)])
+        longest = MAX_ALIGN_CLIP_SECONDS if opts.get("timestamps") else MAX_CLIP_SECONDS
+        clips = self.processor.clips(audio, language, opts.get("prompt") or "", longest)
+        r = _Req(
+            rid,
+            language,
+            [_Clip(rid, i, c.ids, c.features, c.start, c.end) for i, c in enumerate(clips)],
+        )
         r.prompt_tokens = sum(len(c.ids) for c in r.clips)
         self.requests[rid] = r
         self.waiting.extend(r.clips)
@@ -167,7 +174,8 @@ class ASRExecutor(StageExecutor):
                 toks = [t for t in c.tokens if t not in self.eos]
                 r.completion_tokens += len(c.tokens)
                 lang, text = self.processor.parse(self.processor.decode(toks), r.language)
-                outs.append((OUT, rid, ("text", LANGUAGE_MARK + lang)))
+                mark = {"language": lang, "start": c.start, "end": c.end}
+                outs.append((OUT, rid, ("text", CLIP_MARK + json.dumps(mark))))
                 outs.append((OUT, rid, ("text", text)))
                 r.next_out += 1
             if r.next_out == len(r.clips):

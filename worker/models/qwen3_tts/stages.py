@@ -59,7 +59,7 @@ class TTSPreprocess(RequestPreprocessor):
         import torch
 
         from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-        from worker.models.qwen3_tts.weights import load_into
+        from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
         self.config = json.loads((self.ctx.checkpoint / "config.json").read_text())
@@ -71,8 +71,9 @@ class TTSPreprocess(RequestPreprocessor):
             st_dir = self.ctx.checkpoint / comp.config_dir
             cfg = json.loads((st_dir / "config.json").read_text())
             st = SpeechTokenizer(cfg, with_encoder=True, with_decoder=False)
-            load_into(
+            load_stage_weights(
                 st.encoder,
+                self.ctx,
                 st_dir,
                 prefix="encoder.",
                 device=self.ctx.device,
@@ -162,14 +163,15 @@ class TTSEngineExecutor(StageExecutor):
             read_config,
         )
         from worker.models.qwen3_tts.modeling import Qwen3TTSModel
-        from worker.models.qwen3_tts.weights import load_into
+        from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
         ck = self.ctx.checkpoint
         with torch.device("meta"):
             model = Qwen3TTSModel(read_config(ck))
-        load_into(
+        load_stage_weights(
             model,
+            self.ctx,
             ck,
             device=self.ctx.device,
             dtype=_dtype(self.ctx.stage.dtype),
@@ -301,7 +303,7 @@ class TTSVocoderExecutor(StageExecutor):
         import torch
 
         from worker.models.qwen3_tts.codec import SpeechDecoder
-        from worker.models.qwen3_tts.weights import load_into
+        from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
         comp = self.ctx.stage.component
@@ -309,8 +311,9 @@ class TTSVocoderExecutor(StageExecutor):
         cfg = json.loads((st_dir / "config.json").read_text())
         with torch.device("meta"):
             dec = SpeechDecoder(cfg["decoder_config"])
-        load_into(
+        load_stage_weights(
             dec,
+            self.ctx,
             st_dir,
             prefix="decoder.",
             device=self.ctx.device,

@@ -72,3 +72,45 @@ def load_into(
         elements += t.numel()
     module.load_state_dict(state, strict=True, assign=True)
     return elements
+
+
+def random_into(
+    module: torch.nn.Module,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    keep_dtype: tuple[str, ...] = (),
+    seed: int = 0,
+) -> int:
+    """``module``'s parameters and persistent buffers at full size, seeded random (normal,
+    std 0.02; integer buffers zero) and made directly on ``device``: for measuring memory and
+    speed of real-size stages without a checkpoint (bench/gpu_check.py). Returns elements."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, ref in module.state_dict(keep_vars=True).items():
+        floating = ref.is_floating_point()
+        want = dtype if floating and dtype is not None and not name.endswith(keep_dtype) else None
+        t = torch.empty(ref.shape, dtype=want or ref.dtype, device=device)
+        if floating:
+            t.normal_(0.0, 0.02, generator=gen)
+        else:
+            t.zero_()
+        state[name] = t
+    module.load_state_dict(state, strict=True, assign=True)
+    return sum(t.numel() for t in state.values())
+
+
+def load_stage_weights(module: torch.nn.Module, ctx: Any, model_dir: Path, **kw: Any) -> int:
+    """``load_into`` for a stage, or ``random_into`` when the stage was asked for random
+    weights (``ctx.extra["random_weights"]``); records what it holds in ``ctx.extra["loaded"]``
+    (read by bench/gpu_check.py)."""
+    from worker.models.stage_weights import LoadReport
+
+    device = kw.pop("device", ctx.device)
+    if ctx.extra.get("random_weights"):
+        kw = {k: v for k, v in kw.items() if k in ("dtype", "keep_dtype")}
+        elements = random_into(module, device=device, **kw)
+    else:
+        elements = load_into(module, model_dir, device=device, **kw)
+    ctx.extra["loaded"] = LoadReport(tensors=len(module.state_dict()), elements=elements, files=())
+    return elements
