@@ -86,6 +86,14 @@ async def created(conn) -> str:
     return event.session.id
 
 
+async def opened(conn, **settings):
+    """A new session set to audio out and manual turns; its session.updated event."""
+    await created(conn)
+    await conn.session.update(session=audio_session(vad=None, **settings))
+    updated, _ = await next_of(conn, "session.updated")
+    return updated
+
+
 async def say(conn, text: str) -> None:
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
@@ -128,10 +136,8 @@ async def idle(worker: WorkerProcess, timeout: float = 10) -> dict:
 
 async def test_text_in_text_and_audio_out(worker: WorkerProcess) -> None:
     async with connect(worker) as conn:
-        session_id = await created(conn)
-        assert session_id
-        await conn.session.update(session=audio_session(vad=None, instructions="Be brief."))
-        updated, _ = await next_of(conn, "session.updated")
+        updated = await opened(conn, instructions="Be brief.")
+        assert updated.session.id
         assert updated.session.instructions == "Be brief."
         assert updated.session.audio.input.turn_detection is None
         await say(conn, "Hello, who are you?")
@@ -198,9 +204,7 @@ async def test_audio_in_with_server_vad(worker: WorkerProcess) -> None:
 async def test_cancel_and_barge_in_free_every_stage(worker: WorkerProcess) -> None:
     aborted = metric(worker, "omni_worker_aborted_total")
     async with connect(worker) as conn:
-        await created(conn)
-        await conn.session.update(session=audio_session(vad=None))
-        await next_of(conn, "session.updated")
+        await opened(conn)
         await say(conn, "Tell me a long story.")
         await conn.response.create()
 
@@ -241,9 +245,7 @@ async def test_cancel_and_barge_in_free_every_stage(worker: WorkerProcess) -> No
 
 async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: WorkerProcess) -> None:
     async with connect(worker) as conn:
-        await created(conn)
-        await conn.session.update(session=audio_session(vad=None))
-        await next_of(conn, "session.updated")
+        await opened(conn)
 
         async def refused(send, code: str, param: str | None = None) -> None:
             await send
@@ -356,9 +358,8 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
     session_id = f"resume-{time.monotonic_ns()}"
     headers = {"x-session-id": session_id}
     async with connect(worker, extra_headers=headers) as conn:
-        assert await created(conn) == session_id
-        await conn.session.update(session=audio_session(vad=None, instructions="Remember me."))
-        await next_of(conn, "session.updated")
+        updated = await opened(conn, instructions="Remember me.")
+        assert updated.session.id == session_id
         await say(conn, "My name is Ada.")
         first_item, _ = await next_of(conn, "conversation.item.done")
         await conn.response.create()
@@ -418,13 +419,21 @@ async def test_beta_protocol_names(worker: WorkerProcess) -> None:
 async def test_drain_finishes_the_reply_then_closes_with_1012(worker: WorkerProcess) -> None:
     """Last: SIGTERM stops the module's worker."""
     async with connect(worker) as conn:
-        await created(conn)
-        await conn.session.update(session=audio_session(vad=None))
-        await next_of(conn, "session.updated")
+        await opened(conn)
         await say(conn, "One more answer.")
         await conn.response.create()
         await next_of(conn, "response.output_audio_transcript.delta")
         worker.proc.terminate()
+        deadline = time.monotonic() + 5
+        while httpx.get(worker.url + "/ready", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        async with connect(worker) as late:  # new sessions are refused while draining
+            event = await late.recv()
+            assert event.type == "error" and event.error.code == "draining"
+            with pytest.raises(ConnectionClosed) as refused:
+                await late.recv()
+            assert refused.value.rcvd.code == 1012
         done, _ = await next_of(conn, "response.done")
         assert done.response.status in ("completed", "incomplete")  # not cut by the drain
         error, _ = await next_of(conn, "error")

@@ -71,6 +71,8 @@ class Response:
     error: RealtimeError | None = None
     usage: Finished | None = None
     task: asyncio.Task | None = None
+    running: bool = False  # the task has begun (a task cancelled before that never runs)
+    cancelling: bool = False
 
     @property
     def audio(self) -> bool:
@@ -84,8 +86,10 @@ class Response:
         """Stop now (idempotent); returns once ``response.done`` went out."""
         if self.task is None or self.task.done():
             return
-        self.reason = reason
-        self.task.cancel()
+        if not self.cancelling:  # once: a second cancel must not cut response.done short
+            self.cancelling, self.reason = True, reason
+            if self.running:
+                self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
 
@@ -127,7 +131,7 @@ class Response:
             if self.reason:
                 details["reason"] = self.reason
             if self.error is not None:
-                details["error"] = {"type": "invalid_request_error", "code": self.error.code.value}
+                details["error"] = self.error.event()["error"]
             body["status_details"] = details
         if self.usage is not None:
             u = self.usage
@@ -153,22 +157,27 @@ class Response:
         send = ch.send
         ticket = None
         started = False
+        self.running = True
         try:
+            if self.cancelling:  # cancelled before it began
+                raise asyncio.CancelledError
             await send({"type": "response.created", "response": self._response([])})
             try:
                 ticket = ch.service.admit(ch.session_id)
             except OmniError as exc:
                 raise RealtimeError.from_omni(exc) from exc
+            previous = None
+            if self.plan.in_conversation:
+                previous = await ch.conversation.add(self._item("in_progress"), store=False)
+            started = True
             item = public(self._item("in_progress")) | {"content": []}
             await send({"type": "response.output_item.added", **self._where(), "item": item})
             if self.plan.in_conversation:
-                previous = await ch.conversation.add(self._item("in_progress"), store=False)
                 await send(
                     {"type": "conversation.item.added", "previous_item_id": previous, "item": item}
                 )
             where = {**self._where(), "content_index": 0}
             await send({"type": "response.content_part.added", **where, "part": self._part(False)})
-            started = True
             text_event = (
                 "response.output_audio_transcript.delta"
                 if self.audio
@@ -235,17 +244,19 @@ class Response:
         ch = self.channel
         if ch.response is self:  # a client answering response.done may create the next one
             ch.response = None
+        item: dict | None = None
+        if started:
+            # stored first: the reply outlives a client that is gone (a resume sees it)
+            item = self._item("completed" if self.status == "completed" else "incomplete")
+            if self.plan.in_conversation:
+                with contextlib.suppress(RealtimeError):  # deleted by the client meanwhile
+                    ch.conversation.items[ch.conversation.index(self.item_id)] = item
+                    await ch.conversation.store_item(item)
         with contextlib.suppress(SessionClosed):
             if self.error is not None:
                 await ch.send(self.error.event())
             output: list[dict] = []
-            if started:
-                final = "completed" if self.status == "completed" else "incomplete"
-                item = self._item(final)
-                if self.plan.in_conversation:
-                    with contextlib.suppress(RealtimeError):  # deleted by the client meanwhile
-                        ch.conversation.items[ch.conversation.index(self.item_id)] = item
-                        await ch.conversation.store_item(item)
+            if item is not None:
                 shown = public(item)
                 output = [shown]
                 await ch.send({"type": "response.output_item.done", **self._where(), "item": shown})
