@@ -107,6 +107,20 @@ class Affinity:
             return over_bound(worker, capable, stage_class, self.bound)
         return over_bound(worker, capable, stage_class, self.bound, reports=False)
 
+    async def follow(self, key: str, bound_id: str, worker_id: str) -> None:
+        """The session's bound worker refused the connection (died before the router saw it
+        go) and ``worker_id`` took the session: the binding follows it (unless it has moved
+        since), so that the session's next connection goes there too."""
+        discovery = self.discovery
+        if discovery is None or not discovery.up:
+            return
+        try:
+            await discovery.store.move_session(key, bound_id, worker_id, self.ttl_ms)
+        except (RedisError, OSError, TimeoutError) as exc:
+            discovery.mark_down(exc)
+            return
+        self.moves[AffinityOutcome.MOVED_INELIGIBLE.value] += 1
+
     async def unbind(self, key: str, worker_id: str) -> None:
         """The worker refused the first request of a session bound to it just now: remove the
         binding (unless it has moved since), so that refused requests cost no Redis memory."""

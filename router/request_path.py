@@ -567,10 +567,13 @@ class RequestPath:
             await asyncio.wait_for(loop.create_connection(lambda: tunnel, w.host, w.port), timeout)
             return tunnel
 
+        bound = worker
         connected = await self._connect(client, worker, d, open_tunnel)
         if connected is None:
             return
         worker, tunnel = connected
+        if c.session_key is not None and worker is not bound:
+            self.spawn(self.affinity.follow(c.session_key, bound.id, worker.id))
         transport = tunnel.transport
         assert transport is not None
         # the session is the worker's load for its whole life, as a request is for its own

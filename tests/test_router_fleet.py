@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import websockets
 
 from fleet.redis_server import RedisServer
@@ -170,6 +171,14 @@ def test_websocket_close_codes_load_and_worker_loss(redis_url: str) -> None:
     ws_url = router.url.replace("http://", "ws://") + "/v1/realtime"
     fakes = {"w1": w1, "w2": w2}
 
+    def bound(session: str) -> str | None:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            keys = client.keys(f"*affinity:{session}")
+            return client.get(keys[0]).decode() if keys else None
+        finally:
+            client.close()
+
     def worker_row(wid: str) -> dict:
         return next(w for w in router.diagnostics()["workers"] if w["id"] == wid)
 
@@ -199,6 +208,8 @@ def test_websocket_close_codes_load_and_worker_loss(redis_url: str) -> None:
             assert other != first
             await ws.send("hello")
             assert str(await ws.recv()) == f"{other}:hello"
+        # the binding followed the session: its next connection goes there at once
+        wait_for(lambda: bound("call-7") == other, 5)
 
     async def router_stops() -> None:
         async with websockets.connect(ws_url) as ws:
