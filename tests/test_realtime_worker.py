@@ -243,6 +243,21 @@ async def test_cancel_and_barge_in_free_every_stage(worker: WorkerProcess) -> No
     await idle(worker)
 
 
+async def test_a_conversation_over_the_context_leaves_out_its_oldest_turns(
+    worker: WorkerProcess,
+) -> None:
+    context = 2048  # tiny-omni's thinker; its tokenizer takes a token per byte
+    async with connect(worker) as conn:
+        await opened(conn)
+        for word in ("alpha", "beta"):
+            await say(conn, (word + " ") * (context // 8))  # ~1300 tokens each: both overflow
+            await next_of(conn, "conversation.item.done")
+        await conn.response.create(response={"output_modalities": ["text"]})
+        reply = await read_response(conn)
+    assert reply.status in ("completed", "incomplete") and reply.text
+    assert context // 2 < reply.usage.input_tokens < context
+
+
 async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: WorkerProcess) -> None:
     async with connect(worker) as conn:
         await opened(conn)

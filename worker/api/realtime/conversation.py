@@ -66,6 +66,16 @@ def spoken_text(text: str, spoken_s: float, total_s: float | None) -> str:
     return cut[:space] if space > 0 else cut
 
 
+def without_oldest_turns(messages: list[dict]) -> list[dict] | None:
+    """``messages`` less the older half of its turns (a leading system message stays); None
+    when only the last turn is left."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system) :]
+    if len(turns) <= 1:
+        return None
+    return [*system, *turns[len(turns) // 2 :]]
+
+
 def item_from_client(given: ItemIn, max_audio_bytes: int) -> dict:
     """A client's ``conversation.item.create`` item, checked: content types fit the role, audio
     is valid PCM16 within the buffer limit."""

@@ -13,16 +13,22 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleet.errors import OmniError
+from fleet.errors import ErrorCode, OmniError
 from worker.api.errors import stage_error
 from worker.api.generation import events
 from worker.api.realtime.config import PCM_FORMAT, PCM_RATE
-from worker.api.realtime.conversation import Conversation, message_item, new_id, public
+from worker.api.realtime.conversation import (
+    Conversation,
+    message_item,
+    new_id,
+    public,
+    without_oldest_turns,
+)
 from worker.api.realtime.conversation import spoken_text as spoken_part
 from worker.api.realtime.errors import RealtimeError
-from worker.engine import AudioChunk, Finished, GenerationRequest, StageFailed
+from worker.engine import AudioChunk, Finished, GenerationRequest, RequestInvalid, StageFailed
 from worker.engine import TextDelta as EngineText
-from worker.service import WorkerService
+from worker.service import Ticket, WorkerService
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +194,18 @@ class Response:
             if self.plan.spoken is not None:
                 self.text.append(self.plan.spoken)
                 await send({"type": text_event, **where, "delta": self.plan.spoken})
-            async with events(ch.service, request) as stream:
-                async for event in stream:
-                    if isinstance(event, EngineText):
-                        ticket.text()
-                        self.text.append(event.text)
-                        await send({"type": text_event, **where, "delta": event.text})
-                    elif isinstance(event, AudioChunk):
-                        ticket.audio()
-                        data = base64.b64encode(event.pcm16).decode()
-                        await send({"type": "response.output_audio.delta", **where, "delta": data})
-                        self.audio_bytes += len(event.pcm16)
-                    elif isinstance(event, Finished):
-                        self.usage = event
+            while True:
+                try:
+                    await self._stream(request, ticket, where, text_event)
+                    break
+                except RequestInvalid as exc:
+                    # Over the model's context: the oldest turns stay in the conversation but
+                    # leave the prompt (OpenAI's truncation "auto"), while nothing was sent.
+                    shorter = without_oldest_turns(request.messages)
+                    overflow = stage_error(exc)[1] == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+                    if not overflow or shorter is None or self.text or self.audio_bytes:
+                        raise
+                    request.messages = shorter
             ch.service.metrics.tokens_out.inc(self.usage.completion_tokens if self.usage else 0)
             ch.service.metrics.audio_out.inc(self.audio_bytes / PCM_BYTES_PER_SECOND)
             self.status = "completed"
@@ -233,6 +238,24 @@ class Response:
             if ticket is not None:
                 ticket.release()
         await self._finish(started)
+
+    async def _stream(
+        self, request: GenerationRequest, ticket: Ticket, where: dict, text_event: str
+    ) -> None:
+        send = self.channel.send
+        async with events(self.channel.service, request) as stream:
+            async for event in stream:
+                if isinstance(event, EngineText):
+                    ticket.text()
+                    self.text.append(event.text)
+                    await send({"type": text_event, **where, "delta": event.text})
+                elif isinstance(event, AudioChunk):
+                    ticket.audio()
+                    data = base64.b64encode(event.pcm16).decode()
+                    await send({"type": "response.output_audio.delta", **where, "delta": data})
+                    self.audio_bytes += len(event.pcm16)
+                elif isinstance(event, Finished):
+                    self.usage = event
 
     def _keep_what_was_said(self) -> None:
         """An interrupted reply keeps the words its sent audio said (its text: what was sent)."""
