@@ -165,6 +165,20 @@ async def test_text_in_text_and_audio_out(worker: WorkerProcess) -> None:
         assert first.output[0].content[0].transcript == first.transcript
         assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
 
+        # the client played half of the reply: the item keeps what that half said
+        played_ms = int(first.audio_seconds * 500)
+        reply_id = first.output[0].id
+        await conn.conversation.item.truncate(
+            item_id=reply_id, content_index=0, audio_end_ms=played_ms
+        )
+        truncated, _ = await next_of(conn, "conversation.item.truncated")
+        assert (truncated.item_id, truncated.audio_end_ms) == (reply_id, played_ms)
+        await conn.conversation.item.retrieve(item_id=reply_id)
+        got, _ = await next_of(conn, "conversation.item.retrieved")
+        kept = got.item.content[0].transcript
+        assert first.transcript.startswith(kept)
+        assert 0.3 * len(first.transcript) <= len(kept) <= 0.5 * len(first.transcript) + 1
+
         # text only for this one response; the history now holds both turns
         await say(conn, "And in one word?")
         await conn.response.create(response={"output_modalities": ["text"]})

@@ -54,7 +54,7 @@ def public(item: dict) -> dict:
 
 def spoken_text(text: str, spoken_s: float, total_s: float | None) -> str:
     """The part of ``text`` that ``spoken_s`` seconds of its audio said: a proportional cut
-    when the whole audio lasts ``total_s``, else at ``SPOKEN_CHARS_PER_SECOND``; at a word end."""
+    when the whole audio lasts ``total_s``, else at ``SPOKEN_CHARS_PER_SECOND``."""
     if total_s is not None and total_s > 0:
         keep = round(len(text) * min(1.0, spoken_s / total_s))
     else:
@@ -63,7 +63,7 @@ def spoken_text(text: str, spoken_s: float, total_s: float | None) -> str:
         return text
     cut = text[:keep]
     space = cut.rfind(" ")
-    return cut[:space] if space > 0 else cut
+    return cut[:space] if space >= keep * 3 // 4 else cut  # a word end, if one is near
 
 
 def without_oldest_turns(messages: list[dict]) -> list[dict] | None:
