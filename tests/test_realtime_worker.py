@@ -333,8 +333,14 @@ async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: Worker
             conn.send_raw('{"type": "session.update", "session": {"output_modalities": []}}'),
             "invalid_request",
         )
-        # nothing was lost: the session still answers, with the settings it had
-        await say(conn, "Still there?")
+        # nothing was lost: the session still answers, with the settings it had; this time to
+        # audio committed by hand
+        await stream_audio(conn, speech_pcm(0.6), paced=False)
+        await conn.input_audio_buffer.commit()
+        committed, seen = await next_of(conn, "input_audio_buffer.committed")
+        assert "error" not in seen and "input_audio_buffer.speech_started" not in seen
+        item, _ = await next_of(conn, "conversation.item.done")
+        assert item.item.id == committed.item_id and item.item.content[0].type == "input_audio"
         await conn.response.create()
         reply = await read_response(conn)
         assert reply.status in ("completed", "incomplete") and reply.audio
@@ -412,6 +418,12 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
         second = await read_response(conn)
         # the whole history went in: more than the first turn's prompt and reply together
         assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens // 2
+        # a deleted item leaves the stored conversation too
+        stored_before = r.llen(KEYS.conversation(session_id))
+        await conn.conversation.item.delete(item_id=first_item.item.id)
+        deleted, _ = await next_of(conn, "conversation.item.deleted")
+        assert deleted.item_id == first_item.item.id
+        assert r.llen(KEYS.conversation(session_id)) == stored_before - 1
         # bounded: past MAX_ITEMS the oldest items drop off, in Redis too
         for i in range(MAX_ITEMS):
             await say(conn, f"filler {i}")
