@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from fleet.redis_server import RedisServer  # noqa: E402
 from tests.fakes.procs import Router  # noqa: E402
 from tests.realtime_client import (  # noqa: E402
+    add_user_text,
     audio_session,
     read_response,
     sdk_client,
@@ -58,13 +59,7 @@ async def one_session(args: argparse.Namespace, url: str, index: int) -> dict[st
     ) as conn:
         await conn.session.update(session=audio_session(max_output_tokens=args.max_tokens))
         for turn in range(args.turns):
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": f"Turn {turn}: say hello."}],
-                }
-            )
+            await add_user_text(conn, f"Turn {turn}: say hello.")
             sent = time.monotonic()
             await conn.response.create()
             r = await read_response(conn)

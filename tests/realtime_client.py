@@ -53,6 +53,14 @@ async def stream_audio(conn: Any, pcm: bytes, paced: bool = True) -> float:
     return time.monotonic()
 
 
+async def add_user_text(conn: Any, text: str) -> None:
+    """A user message item with one text part."""
+    content = [{"type": "input_text", "text": text}]
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": content}
+    )
+
+
 @dataclass
 class Response:
     """One response as the client saw it."""

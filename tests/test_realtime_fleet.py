@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.realtime_client import (
+    add_user_text,
     audio_session,
     read_response,
     sdk_client,
@@ -54,9 +55,7 @@ def bound_worker(fleet: Fleet, session_id: str) -> str:
 
 async def say(conn, text: str, **response) -> object:
     """A user text item, then a response; the response as the client saw it."""
-    await conn.conversation.item.create(
-        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    )
+    await add_user_text(conn, text)
     await conn.response.create(response=response or None)
     return await read_response(conn)
 
@@ -152,13 +151,7 @@ def test_cancelled_response_frees_its_stages(omni_fleet: Fleet) -> None:
                     busy.update(worker_metric(omni_fleet, worker, depth))
                     await conn.response.cancel()
 
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Talk for a long time."}],
-                }
-            )
+            await add_user_text(conn, "Talk for a long time.")
             await conn.response.create()
             r = await read_response(conn, cancel_on_first_audio)
             assert r.status == "cancelled", r.events
@@ -195,13 +188,7 @@ def test_worker_killed_mid_session_resumes_on_another(omni_fleet: Fleet) -> None
             await conn.session.update(session=audio_session(max_output_tokens=6))
             first = await say(conn, "Remember the word: lantern.")
             victim = bound_worker(omni_fleet, sid)
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Now talk for long."}],
-                }
-            )
+            await add_user_text(conn, "Now talk for long.")
             await conn.response.create(response={"max_output_tokens": 400})
             async for event in conn:  # the SDK's iterator reconnects on 1011
                 if event.type == "response.output_audio.delta" and not closes:
@@ -230,24 +217,13 @@ def test_draining_worker_finishes_then_closes_1012(omni_fleet: Fleet) -> None:
 
     async def run() -> tuple[str, str]:
         sid = new_session_id()
-        conn_mgr = connect(
-            omni_fleet,
-            sid,
-            on_reconnecting=lambda e: closes.append(e.close_code),
-            initial_delay=0.2,
-        )
-        async with conn_mgr as conn:
+        mgr = connect(omni_fleet, sid, on_reconnecting=reconnecting, initial_delay=0.2)
+        async with mgr as conn:
             await opened(conn)
             await conn.session.update(session=audio_session(max_output_tokens=24))
             await say(conn, "Hello.")
             victim = bound_worker(omni_fleet, sid)
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Tell me more."}],
-                }
-            )
+            await add_user_text(conn, "Tell me more.")
             await conn.response.create()
 
             async def drain_on_first_audio(event, r) -> None:
