@@ -30,7 +30,13 @@ class Dispatch:
     )
 
     def __init__(
-        self, c: Classified, reqline: bytes, head_tail: bytes, body: bytes, rid_line: bytes
+        self,
+        c: Classified,
+        reqline: bytes,
+        head_tail: bytes,
+        body: bytes,
+        rid_line: bytes,
+        retryable: bool = True,
     ) -> None:
         self.c = c
         self.reqline = reqline
@@ -40,5 +46,5 @@ class Dispatch:
         self.attempt = 0
         self.deadline = 0.0
         self.tried: set[str] = set()
-        self.retryable = True  # the whole body is here (not a streamed upload): can be resent
+        self.retryable = retryable  # the whole body is here (not a streamed upload): resendable
         self.bind_key: str | None = None  # a session bound by this request: undone if refused

@@ -25,6 +25,8 @@ from fleet.records import Endpoint
 
 ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+# the class of every three-digit status, looked up per request (no arithmetic, no min/max)
+_CLASS_OF = tuple(STATUS_CLASSES[min(max(s // 100, 1), 5) - 1] for s in range(1000))
 
 
 class PolicyOutcome(StrEnum):
@@ -79,7 +81,7 @@ class Metrics:
         self.gauges: Callable[[], dict[str, float]] = dict
 
     def request(self, route: str, status: int, seconds: float) -> None:
-        self.requests[route, STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]] += 1
+        self.requests[route, _CLASS_OF[status] if 0 <= status < 1000 else "5xx"] += 1
         self.hist[route][bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[route] += seconds
 

@@ -22,6 +22,7 @@ from router.admission import Admission
 from router.affinity import Affinity
 from router.auth import ClientAuth
 from router.classify import (
+    ROUTE_LABEL,
     UNSERVED,
     Classified,
     StageClass,
@@ -97,6 +98,7 @@ class RequestPath:
         )
         self.choose = CHOOSERS[settings.policy]
         self.check_keys = auth.required  # read per request: a plain attribute
+        self.forward_auth = not self.check_keys  # a checked key is the router's, not forwarded
         self.session_header = settings.session_header.encode()
         self.session_from_user = settings.session_from_user
         self.rid_prefix = os.urandom(4).hex().encode() + b"-"
@@ -146,24 +148,25 @@ class RequestPath:
             self.admin_routes(client, req, path)
             return
         endpoint, json_routed = route
-        client.route = endpoint.value
+        client.route = ROUTE_LABEL[endpoint]  # a dict, not the enum's value property
         if req.method not in _METHODS[endpoint]:
             self.fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
             return
         fwd, auth, ctype, session = read_client_headers(
-            req.headers, self.session_header, not self.check_keys
+            req.headers, self.session_header, self.forward_auth
         )
-        if self.check_keys and not self.auth.accepts(auth):
-            self.auth.refuse(client)
-            return
-        if self.check_keys and endpoint is Endpoint.VOICES:  # per-key voice quotas and owners
-            assert auth is not None
-            fwd += (
-                API_KEY_ID_HEADER.encode(),
-                b": ",
-                api_key_id(auth[7:].strip()).encode(),
-                b"\r\n",
-            )
+        if self.check_keys:
+            if not self.auth.accepts(auth):
+                self.auth.refuse(client)
+                return
+            if endpoint is Endpoint.VOICES:  # per-key voice quotas and owners
+                assert auth is not None
+                fwd += (
+                    API_KEY_ID_HEADER.encode(),
+                    b": ",
+                    api_key_id(auth[7:].strip()).encode(),
+                    b"\r\n",
+                )
         if endpoint is Endpoint.REALTIME:
             self.fail(
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
@@ -197,8 +200,14 @@ class RequestPath:
         if c.session_key is not None:  # the worker learns the key the router routed on
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         fwd += (rid_line, self.worker_token_line, b"\r\n")
-        d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), body, rid_line)
-        d.retryable = req.body is not None
+        d = Dispatch(
+            c,
+            req.method + b" " + url + b" HTTP/1.1\r\n",
+            b"".join(fwd),
+            body,
+            rid_line,
+            req.body is not None,  # not a streamed upload: the router holds it whole
+        )
         if c.session_key is None:
             self.metrics.affinity["none"] += 1
             self.metrics.policy["chosen"] += 1
@@ -390,9 +399,10 @@ class RequestPath:
         elapsed = time.monotonic() - client.started
         if worker is not None:
             worker.latency += 0.2 * (elapsed - worker.latency)
-            d = client.dispatch
-            if d is not None and d.bind_key is not None and status >= 400:
-                self.spawn(self.affinity.unbind(d.bind_key, worker.id))
+            if status >= 400:
+                d = client.dispatch
+                if d is not None and d.bind_key is not None:
+                    self.spawn(self.affinity.unbind(d.bind_key, worker.id))
         self.metrics.request(client.route, status, elapsed)
         client.finish()
 
@@ -508,7 +518,7 @@ class RequestPath:
         route = route_of(path)
         client.route = route[0].value if route else "other"
         fwd, auth, _, session = read_client_headers(
-            req.headers, self.session_header, not self.check_keys
+            req.headers, self.session_header, self.forward_auth
         )
         if self.check_keys and not self.auth.accepts(auth):
             self.auth.refuse(client)

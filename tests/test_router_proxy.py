@@ -357,7 +357,7 @@ def test_a_slow_client_slows_the_worker_instead_of_filling_router_memory() -> No
 def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
     bad, good = FakeWorker("bad"), FakeWorker("good")
     router = Router("--worker", bad.url, "--worker", good.url, "--policy", "round_robin",
-                    "--breaker-failures", "3", "--breaker-open-s", "1", "--probe-interval-s",
+                    "--breaker-failures", "3", "--breaker-open-s", "4", "--probe-interval-s",
                     "0.2", name="router-breaker")  # fmt: skip
     bad_id = f"127.0.0.1:{bad.port}"
     try:
@@ -368,9 +368,10 @@ def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
         assert workers[bad_id]["health"]["breaker"] == "open"
         assert "omni_router_workers_circuit_open 1.0" in router.metrics()
         bad.control("fail", {"status": 0})
-        # after breaker-open-s, a passing probe closes it and the worker gets traffic again
+        # after breaker-open-s (long enough for the twelve requests above on a loaded box), a
+        # passing probe closes it and the worker gets traffic again
         wait_for(lambda: any(chat(router.url).headers["x-omni-worker-id"] == bad_id
-                             for _ in range(4)), 10)  # fmt: skip
+                             for _ in range(4)), 15)  # fmt: skip
     finally:
         router.stop()
         bad.stop()

@@ -21,6 +21,7 @@ from router.http.wire import DROP_RESPONSE, chunk, sse_error_event, status_line
 
 IDLE, WAITING, BODY = 0, 1, 2
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+_PLAIN_CONNECTION_AS_SENT = _PLAIN_CONNECTION | {b"Keep-Alive", b"Close"}  # no .lower() call
 # A length-delimited body with at least this much in the read that carries its head is relayed
 # as it comes (no parser pass, no copy); smaller bodies take the parser's path.
 RAW_MIN = 16384
@@ -55,7 +56,6 @@ class ConnectionPool(Protocol):
 class Upstream(asyncio.Protocol):
     __slots__ = (
         "answered",
-        "body_length",
         "chunked_in",
         "chunked_out",
         "client",
@@ -101,8 +101,9 @@ class Upstream(asyncio.Protocol):
         self.paused = False  # reading paused for a slow client
         self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
         self.answered = False  # some byte of a response to the current request came back
-        self.body_length: bytes | None = None  # Content-Length of the response being relayed
-        self.raw_left = 0  # bytes of a length-delimited body still to relay unparsed
+        # bytes of a length-delimited body still to relay unparsed; 0 whenever an exchange
+        # ends (the body relayed whole, or the connection closed, never pooled)
+        self.raw_left = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -111,28 +112,25 @@ class Upstream(asyncio.Protocol):
         self.sock = peek_socket(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.answered = True
-        if self.raw_left:
+        if self.state == WAITING:
+            self.answered = True
+            if len(data) > RAW_MIN:
+                # a head followed by a large body in one read: parse the head alone, then
+                # relay a length-delimited body without copying it through the parser
+                end = data.find(b"\r\n\r\n") + 4
+                if end >= 4 and len(data) - end >= RAW_MIN:
+                    view = memoryview(data)
+                    if not self._feed(view[:end]):
+                        return
+                    length = self._raw_body_length()
+                    if length:
+                        self.raw_left = length
+                        self._relay_raw(view[end:])
+                        return
+                    data = view[end:]  # type: ignore[assignment]
+        elif self.raw_left:
             self._relay_raw(data)
             return
-        if self.state == WAITING and len(data) > RAW_MIN:
-            # a head followed by a large body in one read: parse the head alone, then relay
-            # a length-delimited body without copying it through the parser
-            end = data.find(b"\r\n\r\n") + 4
-            if end >= 4 and len(data) - end >= RAW_MIN:
-                view = memoryview(data)
-                if not self._feed(view[:end]):
-                    return
-                if (
-                    self.body_length
-                    and self.state == BODY
-                    and not self.refused
-                    and self.client is not None
-                ):
-                    self.raw_left = int(self.body_length)
-                    self._relay_raw(view[end:])
-                    return
-                data = view[end:]  # type: ignore[assignment]
         try:  # inline rather than self._feed(): this is the path of every response
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -143,6 +141,27 @@ class Upstream(asyncio.Protocol):
             # the head came without body bytes: send it now, a stream may wait for its first event
             self.client.transport.write(self.head)
             self.head = None
+
+    def _raw_body_length(self) -> int:
+        """The Content-Length of the body that follows the head just parsed, when it is
+        relayed as it is (not chunked, not refused, a body there is); else 0."""
+        client = self.client
+        if (
+            client is None
+            or self.state != BODY
+            or self.refused
+            or self.chunked_out
+            or self.until_close
+            or self.chunked_in
+            or client.head_only
+            or self.status < 200
+            or self.status in _NO_BODY_STATUS
+        ):
+            return 0
+        for name, value in self.headers:
+            if name.lower() == b"content-length":
+                return int(value) if value.isdigit() else 0
+        return 0
 
     def _feed(self, data: bytes) -> bool:
         try:
@@ -225,7 +244,6 @@ class Upstream(asyncio.Protocol):
         self.head = None
         self.fail_reason = ""
         self.answered = False
-        self.raw_left = 0
         self.sent_at = self.last_activity = time.monotonic()
         self.transport.write(data)  # type: ignore[union-attr]
 
@@ -293,7 +311,11 @@ class Upstream(asyncio.Protocol):
                     length = value
                 elif lname == b"transfer-encoding":
                     chunked_in = b"chunked" in value.lower()
-                elif lname == b"connection" and value.lower() not in _PLAIN_CONNECTION:
+                elif (
+                    lname == b"connection"
+                    and value not in _PLAIN_CONNECTION_AS_SENT
+                    and value.lower() not in _PLAIN_CONNECTION
+                ):
                     connection = [value] if connection is None else [*connection, value]
                 continue
             if lname == b"content-type" and value.startswith(b"text/event-stream"):
@@ -302,18 +324,14 @@ class Upstream(asyncio.Protocol):
         if connection is not None:  # headers the worker marked hop-by-hop stay here too
             parts = [parts[0], *without_headers(parts[1:], connection_named(connection))]
         parts.append(client.extra_headers)
-        no_body = status in _NO_BODY_STATUS or status < 200 or client.head_only
         self.chunked_in = chunked_in
         self.until_close = False
         self.chunked_out = False
         self.sse = sse
         self.last_piece = b"\n\n"
-        self.body_length = None
         if length is not None and not chunked_in:
             parts += (b"content-length: ", length, b"\r\n")
-            if not no_body:
-                self.body_length = length  # made an int only for a body relayed raw
-        elif not no_body:
+        elif not (status in _NO_BODY_STATUS or status < 200 or client.head_only):
             self.until_close = not chunked_in
             if client.http11:
                 self.chunked_out = True

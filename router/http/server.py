@@ -16,7 +16,8 @@ from fleet.errors import ErrorCode
 from router.http.proxy import WAITING
 from router.http.wire import error_response
 
-# POST bodies that routing does not need (multipart uploads): streamed, not buffered
+# POST bodies that routing does not need (multipart uploads): streamed, not buffered; every
+# one of these paths starts with /v1/audio/
 STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
 RESENDABLE_UPLOAD = b"/v1/audio/transcriptions"  # no side effect: may go to a second worker
 
@@ -106,9 +107,8 @@ class ClientConnection(asyncio.Protocol):
         "dispatch",
         "extra_headers",
         "handler",
-        "head_bound",
+        "head_check",
         "head_error",
-        "head_first",
         "head_only",
         "head_rx",
         "headers",
@@ -125,7 +125,6 @@ class ClientConnection(asyncio.Protocol):
         "pending",
         "pending_bytes",
         "pipeline_full",
-        "read_len",
         "route",
         "rx",
         "rx_seen",
@@ -162,14 +161,16 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
-        # the request head as it arrives: pieces joined once (linear), sizes checked per piece
-        self.url_parts: list[bytes] = []
-        self.url_size = 0
+        # A request target that comes in pieces (it spans reads) is collected here and joined
+        # once, when the head is complete: linear in its size.
+        self.url_parts: list[bytes] | None = None
+        self.url_size = 0  # bytes in url_parts
         self.in_head = False  # a request head is partly parsed
-        self.head_first = False  # ... and began in the read being parsed
-        self.head_rx = 0  # bytes of the reads after that one, while the head went on
-        self.head_bound = 0  # bytes of every earlier read of the head: a bound on its size
-        self.read_len = 0  # the read being parsed
+        # The head being parsed may be over a limit: it came in more than one read, or in a
+        # read longer than small_head. A head that came whole in one short read cannot be,
+        # and skips the exact check (the common request: no per-header counting).
+        self.head_check = False
+        self.head_rx = -1  # bytes of the head's reads after the one it began in (-1: none yet)
         self.head_error: tuple[int, ErrorCode, str] | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
@@ -227,7 +228,8 @@ class ClientConnection(asyncio.Protocol):
         if self.ws_pending is not None:
             self.ws_pending += data
             return
-        self.read_len = len(data)
+        if len(data) > self.small_head:
+            self.head_check = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -246,20 +248,21 @@ class ClientConnection(asyncio.Protocol):
                     self.reject(*error)
             return
         if self.in_head:
-            self._head_continues()
+            self._head_continues(len(data))
 
-    def _head_continues(self) -> None:
+    def _head_continues(self, read: int) -> None:
         """A read ended inside a request head. httptools reports a header only once it is
         complete and buffers it until then, so a head's growth is bounded here: by the
         target's size, and by the reads after the one the request began in."""
-        self.head_bound += self.read_len
-        if self.head_first:
-            self.head_first = False  # that read may hold the end of an earlier request too
+        self.head_check = True
+        if self.head_rx < 0:
+            self.head_rx = 0  # the head began in this read, which may end an earlier request
         else:
-            self.head_rx += self.read_len
+            self.head_rx += read
         if self.closed:
             return
-        if self.url_size > self.max_url:
+        url_size = len(self.url) if self.url_parts is None else self.url_size
+        if url_size > self.max_url:
             self.reject(*self._target_too_long())
         elif self.head_rx > self.max_url + self.max_header_bytes:
             self.reject(*self._headers_too_large())
@@ -296,18 +299,27 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.in_request = True
         self.in_head = True
-        self.head_first = True
-        self.head_rx = self.head_bound = 0
-        self.url_parts = []
-        self.url_size = 0
+        self.url = b""
         self.headers = []
         self.body = []
         self.body_size = 0
 
     def on_url(self, url: bytes) -> None:
-        # called once per read that carries part of the target: collect, join once at the end
-        self.url_parts.append(url)
+        # called once per read that carries part of the target
+        if self.url:
+            self._url_piece(url)
+        else:
+            self.url = url
+
+    def _url_piece(self, url: bytes) -> None:
+        """A later piece of a target that spans reads."""
+        parts = self.url_parts
+        if parts is None:
+            parts = self.url_parts = [self.url]
+            self.url_size = len(self.url)
+        parts.append(url)
         self.url_size += len(url)
+        self.head_check = True  # joined (and checked) when the head is complete
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -323,7 +335,7 @@ class ClientConnection(asyncio.Protocol):
     def _head_over_limit(self) -> tuple[int, ErrorCode, str] | None:
         """The exact check, for a head that may be over a limit (it came in many reads or in
         one large one)."""
-        if self.url_size > self.max_url:
+        if len(self.url) > self.max_url:
             return self._target_too_long()
         size = 0
         for name, value in self.headers:
@@ -332,13 +344,17 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        if self.head_bound + self.read_len > self.small_head:
+        if self.head_check:
+            self.head_check = False
+            self.head_rx = -1
+            parts = self.url_parts
+            if parts is not None:
+                self.url_parts = None
+                self.url = b"".join(parts)
             error = self._head_over_limit()
             if error is not None:
                 self.head_error = error
                 raise HeadTooLarge
-        parts = self.url_parts
-        self.url = parts[0] if len(parts) == 1 else b"".join(parts)
         length = expect = None
         for name, value in self.headers:
             if name == b"content-length":
@@ -351,6 +367,8 @@ class ClientConnection(asyncio.Protocol):
         if expect is not None and expect.lower() == b"100-continue" and not self.closed:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it
         if self.busy or self.closed or self.parser.get_method() != b"POST":
+            return
+        if not self.url.startswith(b"/v1/audio/"):  # every streamed upload's prefix
             return
         path = self.url.split(b"?", 1)[0]
         if path in STREAMED_UPLOADS or path.startswith(b"/v1/audio/voices/"):
