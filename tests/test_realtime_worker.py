@@ -192,7 +192,10 @@ async def test_audio_in_with_server_vad(worker: WorkerProcess) -> None:
     async with connect(worker) as conn:
         await created(conn)
         vad = {"type": "server_vad", "silence_duration_ms": 300, "prefix_padding_ms": 100}
-        await conn.session.update(session=audio_session(vad=vad))
+        settings = audio_session(vad=vad)
+        # any model name: the served model transcribes
+        settings["audio"]["input"]["transcription"] = {"model": "whisper-1"}
+        await conn.session.update(session=settings)
         await next_of(conn, "session.updated")
         speech = 1.2
         audio = silence_pcm(0.6) + speech_pcm(speech) + silence_pcm(0.6)
@@ -205,12 +208,25 @@ async def test_audio_in_with_server_vad(worker: WorkerProcess) -> None:
         assert committed.item_id == started.item_id == stopped.item_id
         item, _ = await next_of(conn, "conversation.item.done")
         assert item.item.role == "user" and item.item.content[0].type == "input_audio"
-        # server VAD answers by itself
-        reply = await read_response(conn)
+        # server VAD answers by itself; the turn is transcribed beside the answer
+        transcribed = []
+
+        async def keep_transcript(event, _response) -> None:
+            if event.type.startswith("conversation.item.input_audio_transcription."):
+                transcribed.append(event)
+
+        reply = await read_response(conn, keep_transcript)
         assert reply.status in ("completed", "incomplete") and reply.audio_seconds > 0
         assert reply.usage.input_tokens > 10  # the audio's tokens went in
+        if not transcribed:
+            event, _ = await next_of(conn, "conversation.item.input_audio_transcription.completed")
+            transcribed.append(event)
+        (done,) = transcribed
+        assert done.type == "conversation.item.input_audio_transcription.completed"
+        assert done.item_id == committed.item_id and done.usage.output_tokens > 0
         await conn.conversation.item.retrieve(item_id=committed.item_id)
         got, _ = await next_of(conn, "conversation.item.retrieved")
+        assert got.item.content[0].transcript == done.transcript
         seconds = len(base64.b64decode(got.item.content[0].audio)) / 2 / 24_000
         assert speech <= seconds <= speech + 0.6
 

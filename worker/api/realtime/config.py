@@ -35,6 +35,7 @@ class SessionConfig(BaseModel):
     output_modalities: list[str] = Field(default_factory=lambda: ["audio"])
     voice: str | None = None
     turn_detection: VadConfig | None = Field(default_factory=VadConfig)
+    transcription: dict | None = None  # set: committed user audio is transcribed as well
     max_output_tokens: int | None = None
 
     @property
@@ -99,6 +100,15 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
             given = holder.turn_detection
             base = config.turn_detection or VadConfig()
             changes["turn_detection"] = None if given is None else base.patched(given)
+    for holder, name in (
+        (audio.input if audio else None, "transcription"),
+        (update, "input_audio_transcription"),
+    ):
+        if holder is not None and name in holder.model_fields_set:
+            given = getattr(holder, name)
+            changes["transcription"] = (
+                None if given is None else given.model_dump(exclude_none=True)
+            )
     limit = update.max_output_tokens or update.max_response_output_tokens
     if limit is not None:
         changes["max_output_tokens"] = max_tokens(limit)
@@ -118,6 +128,7 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
             "turn_detection": vad,
+            "input_audio_transcription": config.transcription,
             "max_response_output_tokens": limit,
         }
     return {
@@ -126,7 +137,11 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
         "instructions": config.instructions,
         "output_modalities": config.output_modalities,
         "audio": {
-            "input": {"format": PCM_FORMAT, "turn_detection": vad},
+            "input": {
+                "format": PCM_FORMAT,
+                "turn_detection": vad,
+                "transcription": config.transcription,
+            },
             "output": {"format": PCM_FORMAT, "voice": config.voice},
         },
         "max_output_tokens": limit,

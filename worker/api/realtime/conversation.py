@@ -200,6 +200,11 @@ class Conversation:
         item["_audio_ms"] = audio_end_ms
         await self._rewrite()
 
+    async def set_transcript(self, item_id: str, content_index: int, transcript: str) -> None:
+        """A user audio part's transcript arrived (input audio transcription)."""
+        self.get(item_id)["content"][content_index]["transcript"] = transcript
+        await self._rewrite()
+
     async def _rewrite(self) -> None:
         await self._persist(lambda s: s.replace(self.name, self.items))
 
@@ -214,7 +219,8 @@ class Conversation:
 
     # -- the engine's view -------------------------------------------------------------------
 
-    def _clip(self, item_id: str, data: str) -> np.ndarray:
+    def clip(self, item_id: str, data: str) -> np.ndarray:
+        """A user audio part as the encoder takes it (decoded once per item)."""
         clip = self._clips.get(item_id)
         if clip is None:
             clip = self._clips[item_id] = to_model_rate(decode_pcm16(data))
@@ -231,7 +237,7 @@ class Conversation:
             clips: list[dict] = []
             for part in item["content"]:
                 if part.get("audio") and item["role"] == "user":
-                    clips.append({"type": "audio", "audio": self._clip(item["id"], part["audio"])})
+                    clips.append({"type": "audio", "audio": self.clip(item["id"], part["audio"])})
                 else:
                     texts.append(part.get("text") or part.get("transcript") or "")
             text = "".join(texts)

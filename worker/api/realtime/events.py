@@ -48,9 +48,16 @@ class VoiceId(_Model):
     id: str
 
 
+class TranscriptionIn(_Model):
+    model: str | None = None  # any name: the served model transcribes
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputIn(_Model):
     format: AudioFormatIn | None = None
     turn_detection: TurnDetectionIn | None = None
+    transcription: TranscriptionIn | None = None
 
 
 class AudioOutputIn(_Model):
@@ -79,6 +86,7 @@ class SessionIn(_Model):
     input_audio_format: BetaAudioFormat | None = None
     output_audio_format: BetaAudioFormat | None = None
     turn_detection: TurnDetectionIn | None = None
+    input_audio_transcription: TranscriptionIn | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
 
 

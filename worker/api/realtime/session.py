@@ -15,7 +15,7 @@ import redis.exceptions
 
 from fleet.conversations import ConversationStore
 from fleet.errors import OmniError
-from fleet.records import Modality
+from fleet.records import Endpoint, Modality
 from worker.api.realtime import config as cfg
 from worker.api.realtime import events as ev
 from worker.api.realtime.conversation import (
@@ -30,6 +30,7 @@ from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_pcm16, ms
 from worker.api.realtime.planning import plan_response
 from worker.api.realtime.response import Response, SessionClosed
+from worker.api.realtime.transcripts import Transcriber
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
 from worker.api.voices import resolve_voice
 from worker.service import WorkerService
@@ -65,6 +66,7 @@ class RealtimeSession:
         if Modality.AUDIO not in service.capabilities.output_modalities:
             self.config.output_modalities = ["text"]
         self.hears = Modality.AUDIO in service.capabilities.input_modalities
+        self.transcribes = Endpoint.TRANSCRIPTION in service.capabilities.endpoints
         if not self.hears:  # text-to-speech: no audio comes in, so no turns to detect
             self.config.turn_detection = None
         speakers = service.engine.speakers()
@@ -76,6 +78,7 @@ class RealtimeSession:
         self.turn_item_id: str | None = None  # the item the speech in progress will become
         self.turn_start = 0
         self.response: Response | None = None
+        self.transcriber = Transcriber(self)
         self.resumed = False
 
     # -- sending -----------------------------------------------------------------------------
@@ -122,9 +125,10 @@ class RealtimeSession:
         await self.send({"type": "session.created", "session": self.view()})
 
     async def stop_response(self) -> None:
-        """Stop the response in flight, if any: its stages abort."""
+        """Stop the response and transcriptions in flight, if any: their stages abort."""
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+        await self.transcriber.stop()
 
     def view(self) -> dict:
         return cfg.session_view(self.config, self.session_id, self.model, self.beta)
@@ -150,6 +154,12 @@ class RealtimeSession:
             except OmniError as exc:
                 raise RealtimeError.from_omni(exc) from exc
             new = new.model_copy(update={"voice": name})
+        if new.transcription is not None and not self.transcribes:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                f"model {self.model!r} does not transcribe",
+                "session.audio.input.transcription",
+            )
         turn_changed = new.turn_detection != self.config.turn_detection
         self.config = new
         if turn_changed:
@@ -221,6 +231,8 @@ class RealtimeSession:
             }
         )
         await self._announce(item, previous)
+        if self.config.transcription is not None:
+            self.transcriber.start(item)
 
     async def _announce(self, item: dict, previous: str | None) -> None:
         shown = public(item)

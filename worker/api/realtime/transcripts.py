@@ -1,0 +1,92 @@
+"""Input audio transcription (``session.audio.input.transcription`` set): each committed user
+audio item is also transcribed by the served model (``RequestKind.TRANSCRIPTION``), beside
+the response, and the client gets ``conversation.item.input_audio_transcription.completed`` (or
+``.failed``); the item keeps the transcript, in Redis too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fleet.errors import OmniError
+from worker.api.errors import stage_error
+from worker.api.generation import collect
+from worker.api.realtime.conversation import new_id
+from worker.api.realtime.errors import RealtimeError
+from worker.api.realtime.response import Channel, SessionClosed
+from worker.engine import GenerationRequest, RequestKind, StageFailed
+
+
+async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> None:
+    item_id = item["id"]
+    where = {"item_id": item_id, "content_index": content_index}
+    service = channel.service
+    try:
+        try:
+            ticket = service.admit(channel.session_id)
+        except OmniError as exc:
+            raise RealtimeError.from_omni(exc) from exc
+        try:
+            audio = item["content"][content_index]["audio"]
+            request = GenerationRequest(
+                request_id=new_id("transcribe"),
+                kind=RequestKind.TRANSCRIPTION,
+                audio=channel.conversation.clip(item_id, audio),
+                session_id=channel.session_id,
+            )
+            result = await collect(service, request, ticket)
+        except StageFailed as exc:
+            status, code, message = stage_error(exc)
+            raise RealtimeError(code, message, None, status) from exc
+        finally:
+            ticket.release()
+    except RealtimeError as exc:
+        error = exc.event()["error"]
+        with contextlib.suppress(SessionClosed):
+            await channel.send(
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    **where,
+                    "error": error,
+                }
+            )
+        return
+    transcript = "".join(result.text)
+    with contextlib.suppress(RealtimeError):  # the item was deleted meanwhile
+        await channel.conversation.set_transcript(item_id, content_index, transcript)
+    finished = result.finished
+    usage = {
+        "type": "tokens",
+        "input_tokens": finished.prompt_tokens if finished else 0,
+        "output_tokens": finished.completion_tokens if finished else 0,
+    }
+    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    with contextlib.suppress(SessionClosed):
+        await channel.send(
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                **where,
+                "transcript": transcript,
+                "usage": usage,
+            }
+        )
+
+
+class Transcriber:
+    """A session's transcriptions in flight; ``stop`` cancels them (their requests abort)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.tasks: set[asyncio.Task] = set()
+
+    def start(self, item: dict) -> None:
+        task = asyncio.create_task(transcribe(self.channel, item), name=f"transcribe-{item['id']}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
