@@ -4,6 +4,7 @@ session length limit. The real model's sessions are tests/test_realtime_worker.p
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 
 import openai
@@ -14,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from planner.spec import ModelSpec
 from worker.api.realtime.config import VadConfig
+from worker.api.realtime.g711 import CODECS
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
 from worker.settings import WorkerSettings
 
@@ -55,6 +57,19 @@ def test_server_vad_marks_one_turn_per_utterance(silence_ms: int) -> None:
 def test_server_vad_ignores_quiet_noise() -> None:
     vad = ServerVad(VadConfig())
     assert vad.feed(silence_pcm(2.0)) == []
+
+
+def test_g711_codes_decode_to_the_standard_values_and_back() -> None:
+    ulaw, alaw = CODECS["audio/pcmu"], CODECS["audio/pcma"]
+    # ITU-T G.711: mu-law 0x80/0x00 are the extremes, 0xFF and 0x7F zero; A-law 0xAA/0x2A
+    # the extremes, 0xD5/0x55 the smallest steps
+    assert [int(ulaw.table[c]) for c in (0x80, 0x00, 0xFF, 0x7F)] == [32124, -32124, 0, 0]
+    assert [int(alaw.table[c]) for c in (0xAA, 0x2A, 0xD5, 0x55)] == [32256, -32256, 8, -8]
+    for codec in (ulaw, alaw):
+        codes = bytes(c for c in range(256) if c not in (0x7F,))  # 0x7F and 0xFF: both zero
+        pcm = codec.decode(codes)  # 8 kHz -> 24 kHz
+        assert len(pcm) == 2 * 3 * len(codes)
+        assert codec.encode(pcm) == codes
 
 
 @pytest.fixture
@@ -101,3 +116,28 @@ async def test_a_session_ends_at_its_longest_life(fake_worker: Running) -> None:
             await conn.recv()
         assert closed.value.rcvd.code == 1008
     assert fake_worker.service.realtime == set()
+
+
+async def test_g711_in_and_out(fake_worker: Running) -> None:
+    """A phone gateway's session: mu-law in, A-law out, both at 8 kHz."""
+    async with connect(fake_worker) as conn:
+        assert (await conn.recv()).type == "session.created"
+        formats = {
+            "input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
+            "output": {"format": {"type": "audio/pcma"}},
+        }
+        await conn.session.update(session={"type": "realtime", "audio": formats})
+        updated = await conn.recv()
+        assert updated.session.audio.input.format.type == "audio/pcmu"
+        assert updated.session.audio.output.format.type == "audio/pcma"
+        ulaw = CODECS["audio/pcmu"].encode(speech_pcm(0.5))
+        assert len(ulaw) == 4000
+        await conn.input_audio_buffer.append(audio=base64.b64encode(ulaw).decode())
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        reply = await read_response(conn)
+    request = fake_worker.engine.seen[-1]
+    clip = request.messages[-1]["content"][0]["audio"]  # at the encoder's 16 kHz
+    assert len(clip) == pytest.approx(8000, abs=2)
+    # the fake engine answers in 0.1 s chunks of 24 kHz: 800 bytes of A-law each
+    assert len(reply.audio) == 3 * 800

@@ -320,8 +320,11 @@ async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: Worker
             "input_audio_buffer_full",
         )
         await refused(conn.input_audio_buffer.commit(), "input_audio_buffer_commit_empty")
-        pcmu = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}
-        await refused(conn.session.update(session=pcmu), "unsupported_audio_format")
+        opus = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}}
+        await refused(
+            conn.send_raw(json.dumps({"type": "session.update", "session": opus})),
+            "unsupported_audio_format",
+        )
         await refused(
             conn.send_raw(
                 json.dumps(

@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.events import AudioFormatIn, SessionIn, TurnDetectionIn, VoiceId
+from worker.api.realtime.g711 import FORMATS, PCM
 from worker.engine import AUDIO_OUTPUT_RATE
 
 PCM_RATE = AUDIO_OUTPUT_RATE  # input and output audio on the wire: PCM16 mono at 24 kHz
@@ -36,6 +37,8 @@ class SessionConfig(BaseModel):
     voice: str | None = None
     turn_detection: VadConfig | None = Field(default_factory=VadConfig)
     transcription: dict | None = None  # set: committed user audio is transcribed as well
+    input_format: str = PCM
+    output_format: str = PCM
     max_output_tokens: int | None = None
 
     @property
@@ -43,18 +46,29 @@ class SessionConfig(BaseModel):
         return "audio" in self.output_modalities
 
 
-def check_format(fmt: AudioFormatIn | str | None, param: str) -> None:
-    """Only PCM16 at 24 kHz travels (GA ``audio/pcm``, beta ``pcm16``)."""
-    if fmt is None or fmt == "pcm16":
-        return
-    if isinstance(fmt, AudioFormatIn) and fmt.type == "audio/pcm" and fmt.rate in (None, PCM_RATE):
-        return
-    shown = fmt if isinstance(fmt, str) else fmt.model_dump(exclude_none=True)
+_BETA_FORMATS = {"pcm16": PCM, "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+_BETA_NAMES = {v: k for k, v in _BETA_FORMATS.items()}
+
+
+def format_name(fmt: AudioFormatIn | str | None, param: str) -> str | None:
+    """A client's audio format -> one of ``g711.FORMATS`` (None: not given). PCM travels at
+    24 kHz only; G.711 at its 8 kHz."""
+    if fmt is None:
+        return None
+    if isinstance(fmt, str):
+        return _BETA_FORMATS[fmt]  # the event model allows only these
+    if fmt.type in FORMATS and (fmt.type != PCM or fmt.rate in (None, PCM_RATE)):
+        return fmt.type
     raise RealtimeError(
         Code.UNSUPPORTED_AUDIO_FORMAT,
-        f"audio format {shown} is not served; use {PCM_FORMAT} (beta: 'pcm16')",
+        f"audio format {fmt.model_dump(exclude_none=True)} is not served; use {PCM_FORMAT}, "
+        "audio/pcmu or audio/pcma (beta: 'pcm16', 'g711_ulaw', 'g711_alaw')",
         param,
     )
+
+
+def format_view(fmt: str) -> dict:
+    return PCM_FORMAT if fmt == PCM else {"type": fmt}
 
 
 def voice_name(voice: str | VoiceId | None) -> str | None:
@@ -83,11 +97,17 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
             "session.type",
         )
     audio = update.audio
-    check_format(audio.input.format if audio and audio.input else None, "session.audio.input")
-    check_format(audio.output.format if audio and audio.output else None, "session.audio.output")
-    check_format(update.input_audio_format, "session.input_audio_format")
-    check_format(update.output_audio_format, "session.output_audio_format")
     changes: dict = {}
+    formats = (
+        ("input_format", audio.input.format if audio and audio.input else None, "audio.input"),
+        ("output_format", audio.output.format if audio and audio.output else None, "audio.output"),
+        ("input_format", update.input_audio_format, "input_audio_format"),
+        ("output_format", update.output_audio_format, "output_audio_format"),
+    )
+    for field, given, param in formats:
+        name = format_name(given, f"session.{param}.format")
+        if name is not None:
+            changes[field] = name
     if update.instructions is not None:
         changes["instructions"] = update.instructions
     chosen = modalities(update.output_modalities or update.modalities)
@@ -125,8 +145,8 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "modalities": ["text", "audio"] if config.wants_audio else ["text"],
             "instructions": config.instructions,
             "voice": config.voice,
-            "input_audio_format": "pcm16",
-            "output_audio_format": "pcm16",
+            "input_audio_format": _BETA_NAMES[config.input_format],
+            "output_audio_format": _BETA_NAMES[config.output_format],
             "turn_detection": vad,
             "input_audio_transcription": config.transcription,
             "max_response_output_tokens": limit,
@@ -138,11 +158,11 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
         "output_modalities": config.output_modalities,
         "audio": {
             "input": {
-                "format": PCM_FORMAT,
+                "format": format_view(config.input_format),
                 "turn_detection": vad,
                 "transcription": config.transcription,
             },
-            "output": {"format": PCM_FORMAT, "voice": config.voice},
+            "output": {"format": format_view(config.output_format), "voice": config.voice},
         },
         "max_output_tokens": limit,
     }

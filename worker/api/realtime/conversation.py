@@ -7,6 +7,7 @@ assistant turns as their text or transcript. Events show items without their aud
 
 from __future__ import annotations
 
+import base64
 import logging
 import uuid
 
@@ -16,7 +17,8 @@ import redis.exceptions
 from fleet.conversations import ConversationStore
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.events import ItemIn
-from worker.api.realtime.input_audio import decode_pcm16, to_model_rate
+from worker.api.realtime.g711 import PCM
+from worker.api.realtime.input_audio import decode_input, decode_pcm16, to_model_rate
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,9 @@ def without_oldest_turns(messages: list[dict]) -> list[dict] | None:
     return [*system, *turns[len(turns) // 2 :]]
 
 
-def item_from_client(given: ItemIn, max_audio_bytes: int) -> dict:
+def item_from_client(given: ItemIn, max_audio_bytes: int, audio_format: str = PCM) -> dict:
     """A client's ``conversation.item.create`` item, checked: content types fit the role, audio
-    is valid PCM16 within the buffer limit."""
+    is valid in the session's input format and within the buffer limit (kept as PCM16 24 kHz)."""
     content: list[dict] = []
     for i, part in enumerate(given.content):
         param = f"item.content.{i}"
@@ -89,14 +91,15 @@ def item_from_client(given: ItemIn, max_audio_bytes: int) -> dict:
             if given.role == "assistant" or part.audio is None:
                 content.append({"type": kind, "transcript": part.transcript or ""})
                 continue
-            pcm = decode_pcm16(part.audio, param + ".audio")
+            pcm = decode_input(part.audio, audio_format, param + ".audio")
             if len(pcm) > max_audio_bytes:
                 raise RealtimeError(
                     Code.INPUT_AUDIO_BUFFER_FULL,
                     f"an audio item holds at most {max_audio_bytes} bytes of PCM16",
                     param + ".audio",
                 )
-            content.append({"type": kind, "audio": part.audio, "transcript": part.transcript})
+            stored = base64.b64encode(pcm).decode()
+            content.append({"type": kind, "audio": stored, "transcript": part.transcript})
         else:
             raise RealtimeError(
                 Code.INVALID_REQUEST,

@@ -8,9 +8,21 @@ import numpy as np
 
 from fleet.errors import OmniError
 from worker.api import audio
+from worker.api.realtime import g711
 from worker.api.realtime.config import PCM_RATE
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.engine import AUDIO_INPUT_RATE
+
+
+def decode_input(data: str, fmt: str, param: str = "audio") -> bytes:
+    """base64 audio in the session's input format -> PCM16 at 24 kHz."""
+    if fmt == g711.PCM:
+        return decode_pcm16(data, param)
+    try:
+        raw = audio.b64decode(data, param)
+    except OmniError as exc:
+        raise RealtimeError.from_omni(exc) from exc
+    return g711.to_pcm(fmt, raw)
 
 
 def decode_pcm16(data: str, param: str = "audio") -> bytes:

@@ -16,7 +16,8 @@ from typing import Protocol
 from fleet.errors import ErrorCode, OmniError
 from worker.api.errors import stage_error
 from worker.api.generation import events
-from worker.api.realtime.config import PCM_FORMAT, PCM_RATE
+from worker.api.realtime import g711
+from worker.api.realtime.config import PCM_RATE, format_view
 from worker.api.realtime.conversation import (
     Conversation,
     message_item,
@@ -62,6 +63,7 @@ class ResponsePlan:
     in_conversation: bool = True  # conversation "none": an out-of-band reply, not stored
     metadata: dict | None = None
     spoken: str | None = None  # text-to-speech: the text the audio says, known at the start
+    output_format: str = g711.PCM
 
 
 @dataclass
@@ -127,7 +129,9 @@ class Response:
             "output": output,
             "conversation_id": self.channel.session_id if self.plan.in_conversation else None,
             "output_modalities": self.plan.modalities,
-            "audio": {"output": {"format": PCM_FORMAT, "voice": self.plan.voice}},
+            "audio": {
+                "output": {"format": format_view(self.plan.output_format), "voice": self.plan.voice}
+            },
             "max_output_tokens": self.plan.max_tokens or "inf",
             "metadata": self.plan.metadata,
             "usage": None,
@@ -251,7 +255,8 @@ class Response:
                     await send({"type": text_event, **where, "delta": event.text})
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
-                    data = base64.b64encode(event.pcm16).decode()
+                    wire = g711.from_pcm(self.plan.output_format, event.pcm16)
+                    data = base64.b64encode(wire).decode()
                     await send({"type": "response.output_audio.delta", **where, "delta": data})
                     self.audio_bytes += len(event.pcm16)
                 elif isinstance(event, Finished):

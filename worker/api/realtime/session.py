@@ -27,7 +27,7 @@ from worker.api.realtime.conversation import (
 )
 from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
-from worker.api.realtime.input_audio import InputAudioBuffer, decode_pcm16, ms
+from worker.api.realtime.input_audio import InputAudioBuffer, decode_input, ms
 from worker.api.realtime.planning import plan_response
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
@@ -176,7 +176,7 @@ class RealtimeSession:
             raise RealtimeError(
                 Code.INVALID_REQUEST, f"model {self.model!r} takes no audio input", "audio"
             )
-        pcm = decode_pcm16(event.audio)
+        pcm = decode_input(event.audio, self.config.input_format)
         self.buffer.append(pcm)
         if self.vad is None:
             return
@@ -259,7 +259,7 @@ class RealtimeSession:
         await self.send({"type": "input_audio_buffer.cleared"})
 
     async def _item_create(self, event: ev.ItemCreate) -> None:
-        item = item_from_client(event.item, self.buffer.max_bytes)
+        item = item_from_client(event.item, self.buffer.max_bytes, self.config.input_format)
         previous = await self.conversation.add(item, event.previous_item_id)
         await self._announce(item, previous)
 
