@@ -198,12 +198,16 @@ async def test_audio_in_with_server_vad(worker: WorkerProcess) -> None:
         await conn.session.update(session=settings)
         await next_of(conn, "session.updated")
         speech = 1.2
-        audio = silence_pcm(0.6) + speech_pcm(speech) + silence_pcm(0.6)
+        # more silence than the buffer holds first: waiting for speech never fills it
+        lead = MAX_BUFFER_S + 1.0
+        audio = silence_pcm(lead) + speech_pcm(speech) + silence_pcm(0.6)
         await stream_audio(conn, audio, paced=False)
-        started, _ = await next_of(conn, "input_audio_buffer.speech_started")
+        started, seen = await next_of(conn, "input_audio_buffer.speech_started")
+        assert "error" not in seen
         stopped, _ = await next_of(conn, "input_audio_buffer.speech_stopped")
-        assert 400 <= started.audio_start_ms <= 600  # the speech's start less the padding
-        assert 1650 <= stopped.audio_end_ms <= 1950
+        start_ms = lead * 1000  # the speech's start, less the padding
+        assert start_ms - 200 <= started.audio_start_ms <= start_ms
+        assert start_ms + 1050 <= stopped.audio_end_ms <= start_ms + 1350
         committed, _ = await next_of(conn, "input_audio_buffer.committed")
         assert committed.item_id == started.item_id == stopped.item_id
         item, _ = await next_of(conn, "conversation.item.done")

@@ -79,7 +79,6 @@ class RealtimeSession:
         self.turn_start = 0
         self.response: Response | None = None
         self.transcriber = Transcriber(self)
-        self.resumed = False
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -117,7 +116,10 @@ class RealtimeSession:
                 if stored.config:
                     with contextlib.suppress(ValueError):
                         self.config = cfg.SessionConfig.model_validate(stored.config)
-                self.resumed = bool(stored.items or stored.config)
+                if stored.items or stored.config:
+                    log.info(
+                        "realtime session %s resumed: %d items", self.session_id, len(stored.items)
+                    )
         if self.config.voice is not None:
             with contextlib.suppress(OmniError):
                 _, self.voice_audio = await resolve_voice(self.service, self.config.voice, "voice")
@@ -185,6 +187,9 @@ class RealtimeSession:
                 await self._speech_started(turn)
             else:
                 await self._speech_stopped(turn)
+        if self.vad is not None and not self.vad.speaking:
+            # no turn in progress: only the padding a turn would start with is worth keeping
+            self.buffer.take(end=self.vad.position - self.vad.keep_samples)
 
     async def _speech_started(self, turn: SpeechStarted) -> None:
         assert self.vad is not None

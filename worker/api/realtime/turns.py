@@ -51,6 +51,11 @@ class ServerVad:
     def prefix_samples(self) -> int:
         return self.config.prefix_padding_ms * PCM_RATE // 1000
 
+    @property
+    def keep_samples(self) -> int:
+        """Audio before the next frame that a turn starting there may still take."""
+        return self.prefix_samples + START_FRAMES * FRAME_SAMPLES
+
     def reset(self, position: int) -> None:
         """The buffer was committed or cleared: the next audio starts a new turn."""
         self.position = position
