@@ -1,72 +1,127 @@
-"""Real-size Qwen3-Omni stages on one GPU (seeded random weights, no download), or the tiny model
-on CPU: per-stage peak memory against omni-plan's figures, time to first token, tokens/s, time to
-first audio. Run by hand:
+"""Real-size Qwen3-Omni, Qwen3-TTS and Qwen3-ASR stages on one GPU (seeded random weights, no
+download), or the tiny models on CPU: per-stage peak memory against omni-plan's figures, then
+Omni's time to first token and first audio, TTS's first packet and real-time factor (a cloned
+voice, all three stages), ASR's time to text and real-time factor. Run by hand:
 
-    python bench/gpu_check.py --device cuda          # qwen3-omni-30b-a3b-speech, bf16
-    python bench/gpu_check.py                        # tiny-omni on CPU
+    python bench/gpu_check.py --device cuda          # Omni 30B-A3B, TTS 1.7B Base, ASR 0.6B
+    python bench/gpu_check.py --device cuda --models tts asr
+    python bench/gpu_check.py                        # tiny-omni, tiny TTS Base, tiny ASR on CPU
 
-The stages are the worker's own executors (worker/models/qwen3_omni/), driven in one process the
-way the coordinator drives them (thinker chunks -> talker -> code2wav), so stage-to-stage tensors
-stay on the device. The prompt is synthetic token ids (the real checkpoint's tokenizer is not in
-configs/hf). Figures go to docs/omni-worker.md.
+The stages are the worker's own executors, driven in one process the way the coordinator
+drives them (thinker chunks -> talker -> code2wav; preprocessing -> tts_engine => vocoder;
+asr), so stage-to-stage tensors stay on the device. Omni's prompt is synthetic token ids. The
+real TTS and ASR configs come without a tokenizer: they are served with the tiny checkpoint's
+byte-level tokenizer, its few text token ids written into a copy of the real config (the
+architecture and every size stay the real ones). Figures go to docs/omni-worker.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
-GPU_SPEC = REPO / "configs" / "models" / "qwen3-omni-30b-a3b-speech.yaml"
-CPU_SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
-GPU_STAGES = ("audio_encoder", "image_encoder", "thinker", "talker", "code2wav")
+MODELS = REPO / "configs" / "models"
+# model -> (real-size spec on a GPU, tiny spec on CPU, the stages this check loads)
+CHECKS = {
+    "omni": (
+        "qwen3-omni-30b-a3b-speech.yaml",
+        "tiny-omni.yaml",
+        ("audio_encoder", "image_encoder", "thinker", "talker", "code2wav"),
+    ),
+    "tts": (
+        "qwen3-tts-12hz-1.7b.yaml",
+        "tiny-qwen3-tts-base.yaml",
+        ("preprocessing", "tts_engine", "vocoder"),
+    ),
+    "asr": ("qwen3-asr-0.6b.yaml", "tiny-qwen3-asr.yaml", ("asr",)),
+}
+TINY_FOR = {"tts": "tiny-qwen3-tts-base.yaml", "asr": "tiny-qwen3-asr.yaml"}
+GPU = "1xH200-141GB"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--spec", type=Path, default=None)
+    ap.add_argument("--models", nargs="+", choices=sorted(CHECKS), default=sorted(CHECKS))
+    ap.add_argument(
+        "--real-size",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="real-size random weights (default: on cuda) or the tiny checkpoints",
+    )
     ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64, help="Omni/ASR tokens, TTS frames")
+    ap.add_argument("--audio-seconds", type=float, default=30.0, help="ASR input length")
     args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    real = cuda if args.real_size is None else args.real_size
+    for name in ("omni", "tts", "asr"):
+        if name not in args.models:
+            continue
+        print(f"\n== {name} ({'real size, random weights' if real else 'tiny'}) on {args.device}")
+        executors = _load(name, real, cuda)
+        if name == "omni":
+            from worker.stages.base import RequestMeta
 
+            _drive(executors, None, args.prompt_tokens, args.new_tokens, RequestMeta)
+        elif name == "tts":
+            _drive_tts(executors, args.new_tokens)
+        else:
+            executors["asr"].max_new = args.new_tokens
+            _drive_asr(executors["asr"], args.audio_seconds)
+
+
+def _load(name: str, real: bool, cuda: bool) -> dict:
+    """The check's stages loaded (random weights at real size) and warmed up, with a table of
+    planned, loaded and peak bytes per stage."""
     import torch
 
     from planner.api import plan_spec
     from planner.loader import load_spec
     from worker.models.checkpoint import resolve_checkpoint
-    from worker.stages.base import RequestMeta, StageContext
+    from worker.stages.base import StageContext
     from worker.stages.registry import make_executor
 
-    cuda = args.device.startswith("cuda")
-    spec_path = args.spec or (GPU_SPEC if cuda else CPU_SPEC)
-    loaded = load_spec(spec_path)
-    spec = loaded.spec
+    real_spec, tiny_spec, stages = CHECKS[name]
+    spec_path = MODELS / (real_spec if real else tiny_spec)
+    spec = load_spec(spec_path).spec
     if not cuda:
         for stage in spec.stages.values():
             stage.dtype = "fp32"
-    plan = plan_spec(spec_path, "1xH200-141GB").plan if cuda else None
+    plan = plan_spec(spec_path, GPU).plan if real else None
     planned = {
         sp.stage: sp.memory.weights
         for node in (plan.nodes if plan else [])
         for pp in node.processes
         for sp in pp.stages
     }
-    checkpoint = resolve_checkpoint(spec, spec_path, Path.home() / ".cache" / "omni-fleet")
+    cache = Path.home() / ".cache" / "omni-fleet"
+    checkpoint = resolve_checkpoint(spec, spec_path, cache)
+    if real and name in TINY_FOR:
+        tiny_path = MODELS / TINY_FOR[name]
+        tiny = resolve_checkpoint(load_spec(tiny_path).spec, tiny_path, cache)
+        checkpoint = _with_tiny_tokenizer(checkpoint, tiny)
     device = "cuda:0" if cuda else "cpu"
     executors = {}
     print(f"{'stage':<14} {'planned MB':>11} {'loaded MB':>11} {'peak MB':>9} {'load s':>7}")
-    for name in GPU_STAGES:
-        stage = spec.stages[name]
+    for stage_name in stages:
+        stage = spec.stages[stage_name]
         ctx = StageContext(
-            name=name,
+            name=stage_name,
             spec=spec,
             stage=stage,
             checkpoint=checkpoint,
-            device=device,
+            device=device if stage.device != "cpu" else "cpu",
             max_running_requests=stage.engine.max_running_requests,
-            extra={"random_weights": True},
+            extra={"random_weights": real},
         )
         base = torch.cuda.memory_allocated() if cuda else 0
         if cuda:
@@ -77,19 +132,115 @@ def main() -> None:
         ex.warmup()
         took = time.perf_counter() - t0
         peak = (torch.cuda.max_memory_allocated() - base) if cuda else 0
-        loaded_bytes = ctx.extra["loaded"].elements * stage.dtype.bytes
+        loaded = ctx.extra.get("loaded")
+        loaded_bytes = loaded.elements * stage.dtype.bytes if loaded else 0
         print(
-            f"{name:<14} {planned.get(name, 0) / 1e6:>11.1f} {loaded_bytes / 1e6:>11.1f} "
-            f"{peak / 1e6:>9.1f} {took:>7.1f}"
+            f"{stage_name:<14} {planned.get(stage_name, 0) / 1e6:>11.1f} "
+            f"{loaded_bytes / 1e6:>11.1f} {peak / 1e6:>9.1f} {took:>7.1f}"
         )
-        executors[name] = ex
-    _drive(executors, spec, args.prompt_tokens, args.new_tokens, RequestMeta)
+        executors[stage_name] = ex
+    return executors
+
+
+def _with_tiny_tokenizer(real: Path, tiny: Path) -> Path:
+    """A copy of the real config directory that the tiny checkpoint's tokenizer can drive: its
+    config files, with the text token ids the tiny config names (``*_token_id`` outside the
+    talker's codec vocabulary) set to the tiny tokenizer's; the tokenizer, chat template and
+    generation defaults from the tiny checkpoint. No weights: the stages draw them."""
+    out = Path(tempfile.mkdtemp(prefix=f"gpu-check-{real.name}-"))
+    atexit.register(shutil.rmtree, out, True)
+    shutil.copytree(real, out, dirs_exist_ok=True)
+    for f in tiny.iterdir():
+        if f.is_file() and (f.name.startswith(("tokenizer", "chat_template", "special_tokens"))
+                            or f.name == "generation_config.json"):  # fmt: skip
+            shutil.copyfile(f, out / f.name)
+    config = json.loads((out / "config.json").read_text())
+    tiny_config = json.loads((tiny / "config.json").read_text())
+    for key in ("", "thinker_config"):
+        src = tiny_config.get(key, {}) if key else tiny_config
+        dst = config.get(key, {}) if key else config
+        for k, v in src.items():
+            if k.endswith("_token_id") and isinstance(v, int) and k in dst:
+                dst[k] = v
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def _drive_tts(executors: dict, new_tokens: int) -> None:
+    """One cloned-voice request (3 s reference with its transcript: reference codes, speaker
+    embedding, talker, chunked decode) through preprocessing -> tts_engine => vocoder."""
+    from worker.stages.base import RequestMeta
+
+    pre, talker, vocoder = (executors[s] for s in ("preprocessing", "tts_engine", "vocoder"))
+    t = np.arange(72_000) / 24_000
+    voice = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype("f4")
+    opts = {"role": "tts_options", "ref_text": "a reference voice", "voice_key": "bench"}
+    req = {"kind": "speech", "text": "Hello from the GPU check. " * 4, "voice": "bench",
+           "voice_audio": voice, "messages": [opts]}  # fmt: skip
+    meta = RequestMeta("speech", frozenset({"audio"}))
+    t0 = time.perf_counter()
+    pre.start("r", meta, {"request": req})
+    ((kind, _, payload),) = pre.step()
+    if kind != "final":
+        raise RuntimeError(f"preprocessing refused the request: {payload}")
+    payload["max_new"] = new_tokens
+    talker.start("r", meta, {"preprocessing": payload})
+    vocoder.start("r", meta, {})
+    first = None
+    samples = frames = 0
+    done = False
+    while not done:
+        for kind, _, data in talker.step() if talker.next_deadline() is not None else []:
+            if kind == "chunk":
+                frames += "codes" in data
+                vocoder.feed("r", "tts_engine", data)
+            elif kind == "end":
+                vocoder.end_stream("r", "tts_engine", data)
+        for kind, _, data in vocoder.step() if vocoder.next_deadline() is not None else []:
+            if kind == "out":
+                first = first or time.perf_counter() - t0
+                samples += len(data[1])
+            done |= kind == "done"
+    total = time.perf_counter() - t0
+    seconds = samples / 24_000
+    print(f"first packet         {first * 1000:8.1f} ms")
+    print(f"talker frames        {frames:8d} ({frames / total:.1f} frames/s)")
+    print(f"audio                {seconds:8.2f} s in {total:.2f} s "
+          f"(real-time factor {total / max(seconds, 1e-9):.2f})")  # fmt: skip
+
+
+def _drive_asr(asr, seconds: float) -> None:
+    """One transcription of ``seconds`` of speech-like audio (bursts and pauses)."""
+    from worker.stages.base import RequestMeta
+
+    rng = np.random.default_rng(0)
+    n = int(seconds * 16_000)
+    t = np.arange(n) / 16_000
+    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * (np.sin(2 * np.pi * 0.7 * t) > 0)
+    wav = (wav + 0.01 * rng.standard_normal(n)).astype("f4")
+    t0 = time.perf_counter()
+    asr.start("r", RequestMeta("transcription", frozenset({"text"})),
+              {"request": {"kind": "transcription", "audio": wav}})  # fmt: skip
+    first = None
+    info: dict = {}
+    while asr.queue_depth():
+        for kind, _, data in asr.step():
+            if kind == "out" and not str(data[1]).startswith("\x00"):
+                first = first or time.perf_counter() - t0
+            elif kind == "done":
+                info = data
+            elif kind == "invalid":
+                raise RuntimeError(f"asr refused the request: {data}")
+    total = time.perf_counter() - t0
+    print(f"time to text         {(first or total) * 1000:8.1f} ms")
+    print(f"tokens               {info.get('prompt_tokens', 0):8d} prompt, "
+          f"{info.get('completion_tokens', 0)} generated")  # fmt: skip
+    print(f"audio                {seconds:8.2f} s in {total:.2f} s "
+          f"(real-time factor {total / seconds:.3f})")  # fmt: skip
 
 
 def _drive(executors, spec, prompt_tokens: int, new_tokens: int, meta_cls) -> None:
     """One request through thinker => talker => code2wav, as the coordinator routes it."""
-    import json
-
     thinker, talker, code2wav = (executors[s] for s in ("thinker", "talker", "code2wav"))
     cfg = json.loads((thinker.ctx.checkpoint / "config.json").read_text())
     text_ids = (

@@ -11,12 +11,17 @@ Long audio with pauses: the package's cut points (at its real limits, 1200 s and
 180 s) equal omni-fleet's on 22 minutes of bursts and pauses; with the package's limit lowered
 to 12 s, 40 s of such audio is cut, prompted, decoded and merged (text, languages, offsets)
 as the package does; 35 s in one clip checks the encoder's 8 s attention blocks.
+Word timestamps: omni-fleet's Qwen3-ForcedAligner gives the official ``Qwen3ForcedAligner``'s
+words and times on tiny aligner checkpoints of two sizes (English, Chinese, a batch of two
+clips), and a worker's ``timestamp_granularities[]=word`` equals ``transcribe(...,
+return_time_stamps=True)`` of the package.
 Bad input (corrupt, empty or over-long audio, unknown language, unsupported format) is a 400.
 """
 
 from __future__ import annotations
 
 import io
+import json
 
 import httpx
 import numpy as np
@@ -69,11 +74,24 @@ REQUESTS = [
     {"seconds": 3.7, "seed": 1, "language": None},
     {"seconds": 35.0, "seed": 4, "language": None, "pauses": True},
     {"seconds": 40.0, "seed": 5, "language": None, "pauses": True, "max_chunk_seconds": 12},
+    # a tone the wide tiny model answers with letters: words for the aligner to time
+    {"seconds": 6.0, "seed": 0, "language": "English", "tone": 3.0, "timestamps": True},
 ]
+TIMESTAMPED = 5  # the index of the request above
+ALIGN_REQUESTS = [
+    {"audio": [(6.0, 3)], "text": ["hello brave new world, it's 42!"], "language": ["English"]},
+    {"audio": [(4.0, 6)], "text": ["你好 world 世界 ok"], "language": ["Chinese"]},
+    {"audio": [(5.0, 7), (3.0, 8)], "text": ["one two three", "four five"],
+     "language": ["English", "English"]},
+]  # fmt: skip
 LONG = 22 * 60  # seconds: cut at the package's real limits
 
 
 def _request_audio(r: dict) -> np.ndarray:
+    if r.get("tone"):
+        t = np.arange(int(RATE * r["seconds"]))
+        noise = np.random.default_rng(r["seed"]).standard_normal(t.size)
+        return (0.3 * np.sin(t / r["tone"]) + 0.05 * noise).astype(np.float32)
     return (_pauses if r.get("pauses") else _audio)(r["seconds"], r["seed"])
 
 
@@ -86,14 +104,51 @@ def official(tmp_path_factory) -> dict:
         np.save(tmp / f"a{i}.npy", _request_audio(r))
         reqs.append({"audio": str(tmp / f"a{i}.npy"), "max_new_tokens": MAX_NEW,
                      "language": r["language"],
-                     "max_chunk_seconds": r.get("max_chunk_seconds")})  # fmt: skip
+                     "max_chunk_seconds": r.get("max_chunk_seconds"),
+                     "timestamps": r.get("timestamps", False)})  # fmt: skip
     results = ref.official_generate({n: reqs for n in NAMES}, checkpoints, tmp, SCRIPT)
     np.save(tmp / "long.npy", _pauses(LONG, 9))
     job = {"cmd": "split", "audio": str(tmp / "long.npy"), "max_seconds": [1200.0, 180.0],
            "out": str(tmp / "split.npz")}  # fmt: skip
     ref.run_official([job], tmp, SCRIPT)
     split = dict(np.load(tmp / "split.npz"))
-    return {"checkpoints": checkpoints, "results": results, "tmp": tmp, "split": split}
+    jobs, align_reqs = [], []
+    for i, r in enumerate(ALIGN_REQUESTS):
+        paths = []
+        for j, (seconds, seed) in enumerate(r["audio"]):
+            np.save(tmp / f"align{i}.{j}.npy", _pauses(seconds, seed))
+            paths.append(str(tmp / f"align{i}.{j}.npy"))
+        align_reqs.append({**r, "audio": paths})
+    for name in NAMES:
+        jobs.append({"cmd": "align", "checkpoint": str(checkpoints[name] / "forced_aligner"),
+                     "requests": align_reqs, "out": str(tmp / f"{name}.align.npz")})  # fmt: skip
+    ref.run_official(jobs, tmp, SCRIPT)
+    aligned = {n: dict(np.load(tmp / f"{n}.align.npz")) for n in NAMES}
+    return {"checkpoints": checkpoints, "results": results, "tmp": tmp, "split": split,
+            "aligned": aligned}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_word_timestamps_equal_official_aligner(name: str, official: dict) -> None:
+    import torch
+
+    from worker.models.qwen3_asr.aligner import ForcedAligner
+    from worker.models.qwen3_asr.modeling import Qwen3ASRModel
+    from worker.models.qwen3_tts.weights import load_into
+
+    ck = official["checkpoints"][name] / "forced_aligner"
+    with torch.device("meta"):
+        model = Qwen3ASRModel(json.loads((ck / "config.json").read_text()))
+    load_into(model, ck)
+    aligner = ForcedAligner(model.eval(), ck)
+    for i, r in enumerate(ALIGN_REQUESTS):
+        pairs = zip(r["audio"], r["text"], strict=True)
+        clips = [(_pauses(sec, seed), text, 0.0) for (sec, seed), text in pairs]
+        got = [[w.word, w.start, w.end] for w in aligner.align(clips)]
+        want = [w for clip in json.loads(str(official["aligned"][name][str(i)])) for w in clip]
+        assert got == want, f"request {i}"
+        assert all(0 <= a <= b for _, a, b in got)
+    assert [w for w, _, _ in got] == ["one", "two", "three", "four", "five"]
 
 
 def test_long_audio_is_cut_where_the_package_cuts(official: dict) -> None:
@@ -112,8 +167,6 @@ def test_long_audio_is_cut_where_the_package_cuts(official: dict) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
-    import json
-
     import torch
 
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel, greedy
@@ -130,7 +183,8 @@ def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
     res = official["results"][name]
     for i, r in enumerate(REQUESTS):
         hint = proc.language(r["language"])
-        clips = proc.clips(_request_audio(r), hint, max_seconds=r.get("max_chunk_seconds") or 1200)
+        longest = r.get("max_chunk_seconds") or (180 if r.get("timestamps") else 1200)
+        clips = proc.clips(_request_audio(r), hint, max_seconds=longest)
         assert [c.start for c in clips] == res[f"{i}.offsets"].tolist(), f"request {i}"
         langs, texts = [], []
         for j, clip in enumerate(clips):
@@ -142,7 +196,8 @@ def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
             texts.append(text)
         assert "".join(texts) == str(res[f"{i}.text"]), f"request {i}"
         assert merge_languages(langs) == str(res[f"{i}.language"]), f"request {i}"
-    assert len(clips) == 4  # the last request: 40 s cut three times near 12 s
+        if r.get("max_chunk_seconds"):
+            assert len(clips) == 4  # 40 s cut three times near 12 s
 
 
 def test_worker_transcription_equals_official(official: dict) -> None:
@@ -194,6 +249,31 @@ def test_worker_transcription_equals_official(official: dict) -> None:
         assert long.status_code == 200, long.text
         assert long.json()["duration"] == 35.0
         assert [(s["start"], s["end"]) for s in long.json()["segments"]] in ([], [(0.0, 35.0)])
+        # word timestamps: the package's transcribe(return_time_stamps=True), word for word
+        r = REQUESTS[TIMESTAMPED]
+        audio = _wav(_request_audio(r))
+        words = "timestamp_granularities[]"
+        got = post(audio, response_format="verbose_json", language="English", **{words: "word"})
+        assert got.status_code == 200, got.text
+        body = got.json()
+        stamps = [[w["word"], w["start"], w["end"]] for w in body["words"]]
+        assert stamps == json.loads(str(res[f"{TIMESTAMPED}.words"])) and stamps
+        assert "segments" not in body and body["text"] == str(res[f"{TIMESTAMPED}.text"])
+        form = {"model": "tiny-qwen3-asr", "response_format": "verbose_json",
+                "language": "English", words: ["word", "segment"]}  # fmt: skip
+        both = httpx.post(
+            url, data=form, files={"file": ("a.wav", audio, "audio/wav")}, timeout=300
+        )
+        assert both.status_code == 200 and both.json()["words"] == body["words"]
+        assert both.json()["segments"][0]["end"] == 6.0
+        for bad in (
+            {words: "char", "response_format": "verbose_json"},
+            {words: "word"},
+            {words: "word", "response_format": "verbose_json", "stream": "true"},
+        ):
+            refused = post(audio, **bad)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "timestamp_granularities"
         # bad input: each a clear 400
         for bad, code in (
             (post(b"RIFF\x00\x00junk" * 20), "invalid_audio"),

@@ -4,7 +4,10 @@
 ``stream=true``: server-sent events as OpenAI sends them (``transcript.text.delta`` events, then
 ``transcript.text.done``). Qwen3-ASR cuts long audio near pauses (clips of up to 1200 s, as the
 official package cuts it): each clip is a segment, the text is the clips' texts joined, and the
-language is the clips' detected languages in order ("Chinese,English"), or the hint."""
+language is the clips' detected languages in order ("Chinese,English"), or the hint.
+``timestamp_granularities[]`` (verbose_json): ``segment`` (the clips, the default) and ``word``
+(Qwen3-ForcedAligner's word times, on a spec with an aligner stage; clips are then cut at
+180 s, as the official package cuts them for its aligner)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from starlette.datastructures import UploadFile
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
+from planner.spec import Executor
 from worker.api import audio
 from worker.api.common import (
     closed_response,
@@ -38,7 +42,7 @@ from worker.engine import (
     TextDelta,
 )
 from worker.models.qwen3_asr.processor import merge_languages
-from worker.models.qwen3_asr.stages import CLIP_MARK
+from worker.models.qwen3_asr.stages import CLIP_MARK, WORDS_MARK
 
 router = APIRouter()
 
@@ -48,8 +52,14 @@ async def transcriptions(request: Request) -> Response:
     service = service_of(request)
     form = await read_form(request)
     upload = form.get("file")
-    fields = {k: v for k, v in form.multi_items() if k != "file" and isinstance(v, str)}
-    fields.pop("timestamp_granularities[]", None)  # accepted by the SDK, not produced here
+    granularities = [
+        v for k, v in form.multi_items() if k in _GRANULARITY_FIELDS and isinstance(v, str)
+    ]
+    fields = {
+        k: v
+        for k, v in form.multi_items()
+        if k != "file" and k not in _GRANULARITY_FIELDS and isinstance(v, str)
+    }
     try:
         body = TranscriptionForm.model_validate(fields)
     except ValidationError as exc:
@@ -57,6 +67,7 @@ async def transcriptions(request: Request) -> Response:
     model = service.check_model(body.model)
     if Endpoint.TRANSCRIPTION not in service.capabilities.endpoints:
         raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not transcribe")
+    words = _check_granularities(service, body, granularities)
     if not isinstance(upload, UploadFile):
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "field 'file' (audio) is required", "file")
     data = await upload.read()
@@ -68,6 +79,8 @@ async def transcriptions(request: Request) -> Response:
     asr = _model_type(service) == "qwen3_asr"
     if asr:
         opts = {"role": "asr_options", "language": body.language, "prompt": body.prompt}
+        if words:
+            opts["timestamps"] = True
         messages = [opts]
     else:
         messages = [{"role": "user", "content": body.prompt or ""}] if body.prompt else []
@@ -92,7 +105,7 @@ async def transcriptions(request: Request) -> Response:
         ticket.release()
     if result is None:
         return closed_response()
-    clips, texts = _split(result.text)
+    clips, texts, stamps = _split(result.text)
     text = "".join(texts)
     if asr:
         language = merge_languages([c["language"] for c in clips])
@@ -109,15 +122,14 @@ async def transcriptions(request: Request) -> Response:
         return PlainTextResponse(_subtitles(segments, fmt), media_type=_SUBTITLE_TYPES[fmt])
     payload: dict = {"text": text}
     if fmt == "verbose_json":
-        payload |= {
-            "task": "transcribe",
-            "language": language,
-            "duration": round(duration, 3),
-            "segments": [
+        payload |= {"task": "transcribe", "language": language, "duration": round(duration, 3)}
+        if "segment" in granularities or not granularities:
+            payload["segments"] = [
                 {"id": i, "start": round(a, 3), "end": round(b, 3), "text": t}
                 for i, (a, b, t) in enumerate(segments)
-            ],
-        }
+            ]
+        if words:
+            payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in stamps]
     if result.finished is not None:
         payload["usage"] = {
             "type": "tokens",
@@ -128,6 +140,7 @@ async def transcriptions(request: Request) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
+_GRANULARITY_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
 _SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
@@ -137,15 +150,50 @@ def _model_type(service) -> str | None:
     return model_type(service)
 
 
-def _split(deltas: list[str]) -> tuple[list[dict], list[str]]:
-    """(clips, texts): Qwen3-ASR sends each clip's description before its text."""
-    clips, texts = [], []
+def _check_granularities(service, body: TranscriptionForm, granularities: list[str]) -> bool:
+    """Whether word timestamps are wanted; every other use of the field is a clear 400."""
+    param = "timestamp_granularities"
+    unknown = sorted(set(granularities) - {"word", "segment"})
+    if unknown:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"timestamp_granularities {unknown} unknown; use 'word' and/or 'segment'", param,
+        )  # fmt: skip
+    if granularities and body.response_format != "verbose_json":
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            "timestamp_granularities needs response_format 'verbose_json'", param,
+        )  # fmt: skip
+    if "word" not in granularities:
+        return False
+    if body.stream:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST, "word timestamps are not streamed; drop stream", param
+        )
+    stages = service.spec.stages.values()
+    if _model_type(service) != "qwen3_asr" or not any(
+        s.executor == Executor.ENCODER for s in stages
+    ):
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"model {service.spec.name!r} has no forced aligner: word timestamps need a spec "
+            "with a Qwen3-ForcedAligner stage (e.g. tiny-qwen3-asr)", param,
+        )  # fmt: skip
+    return True
+
+
+def _split(deltas: list[str]) -> tuple[list[dict], list[str], list[list]]:
+    """(clips, texts, words): Qwen3-ASR sends each clip's description before its text, and the
+    aligner's word timestamps last."""
+    clips, texts, words = [], [], []
     for d in deltas:
         if d.startswith(CLIP_MARK):
             clips.append(orjson.loads(d[len(CLIP_MARK) :]))
+        elif d.startswith(WORDS_MARK):
+            words += orjson.loads(d[len(WORDS_MARK) :])
         else:
             texts.append(d)
-    return clips, texts
+    return clips, texts, words
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -175,7 +223,7 @@ async def _sse(service, gen: GenerationRequest, ticket):
             async for event in stream:
                 if isinstance(event, TextDelta):
                     ticket.text()
-                    if event.text.startswith(CLIP_MARK) or not event.text:
+                    if event.text.startswith("\x00") or not event.text:  # clip descriptions
                         continue
                     texts.append(event.text)
                     payload = {"type": "transcript.text.delta", "delta": event.text}

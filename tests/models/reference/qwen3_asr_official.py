@@ -10,6 +10,10 @@
         language and text. A request's "max_chunk_seconds" lowers the package's cut limit
         (MAX_ASR_INPUT_SECONDS, 1200 s) so that cutting long audio near pauses is checked on
         short audio; every chunk's offset, prompt and tokens are recorded.
+        {"cmd": "align", "checkpoint", "requests": [{"audio": [...], "text": [...],
+        "language": [...]}], "out"}: Qwen3ForcedAligner.align (one batch per request).
+        A "generate" request with "timestamps" transcribes with the checkpoint's
+        forced_aligner/ (return_time_stamps: 180 s chunks, words offset per chunk).
         {"cmd": "split", "audio", "max_seconds": [...], "out"}: the package's own
         split_audio_into_chunks at each limit (offsets and lengths of the chunks).
 
@@ -110,7 +114,9 @@ def build(config_dir: Path, out: Path, seed: int) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    config_json = json.loads((config_dir / "config.json").read_text())
+    timestamps = ["<timestamp>"] if "timestamp_token_id" in config_json else []
+    tok.add_special_tokens(SPECIAL_TOKENS + timestamps)
     tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
     fast = Qwen2TokenizerFast(
         tokenizer_object=tok,
@@ -134,6 +140,8 @@ def build(config_dir: Path, out: Path, seed: int) -> None:
     processor = Qwen3ASRProcessor(feature_extractor=fe, tokenizer=fast, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(tmp)
     shutil.copyfile(config_dir / "config.json", tmp / "config.json")
+    if (config_dir / "forced_aligner" / "config.json").is_file():
+        build(config_dir / "forced_aligner", tmp / "forced_aligner", seed + 1)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -148,9 +156,15 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
     result: dict = {}
     for i, req in enumerate(requests):
         package.MAX_ASR_INPUT_SECONDS = req.get("max_chunk_seconds") or 1200
+        aligner = {}
+        if req.get("timestamps"):
+            aligner = {
+                "forced_aligner": str(checkpoint / "forced_aligner"),
+                "forced_aligner_kwargs": {"dtype": torch.float32, "device_map": "cpu"},
+            }
         asr = Qwen3ASRModel.from_pretrained(
             str(checkpoint), dtype=torch.float32, device_map="cpu",
-            max_new_tokens=req["max_new_tokens"],
+            max_new_tokens=req["max_new_tokens"], **aligner,
         )  # fmt: skip
         captured = []
         original = asr.model.generate
@@ -162,7 +176,14 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
 
         asr.model.generate = wrapped
         wav = np.load(req["audio"]).astype(np.float32)
-        res = asr.transcribe(audio=(wav, 16000), language=req.get("language"))
+        res = asr.transcribe(
+            audio=(wav, 16000), language=req.get("language"),
+            return_time_stamps=bool(req.get("timestamps")),
+        )  # fmt: skip
+        if req.get("timestamps"):
+            stamps = res[0].time_stamps.items if res[0].time_stamps else []
+            result[f"{i}.words"] = np.asarray(json.dumps(
+                [[w.text, w.start_time, w.end_time] for w in stamps]))  # fmt: skip
         prompt_len, seqs = captured[-1]
         result[f"{i}.tokens"] = seqs[0, prompt_len:].cpu().numpy()
         result[f"{i}.prompt"] = seqs[0, :prompt_len].cpu().numpy()
@@ -181,6 +202,23 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
 
 
 EOS = (151645, 151643, 258)  # <|im_end|>, <|endoftext|> (real vocabulary), <|im_end|> (tiny)
+
+
+def align(checkpoint: Path, requests: list[dict], out: Path) -> None:
+    """Qwen3ForcedAligner.align on given transcripts: [word, start, end] per word."""
+    from qwen_asr.inference.qwen3_forced_aligner import Qwen3ForcedAligner
+
+    _register()
+    aligner = Qwen3ForcedAligner.from_pretrained(
+        str(checkpoint), dtype=torch.float32, device_map="cpu"
+    )
+    result = {}
+    for i, req in enumerate(requests):
+        wavs = [(np.load(a).astype(np.float32), 16000) for a in req["audio"]]
+        found = aligner.align(audio=wavs, text=req["text"], language=req["language"])
+        words = [[[w.text, w.start_time, w.end_time] for w in r.items] for r in found]
+        result[str(i)] = np.asarray(json.dumps(words))
+    np.savez(out, **result)
 
 
 def split(audio: Path, limits: list[float], out: Path) -> None:
@@ -220,6 +258,8 @@ def jobs(path: Path) -> None:
         if job["cmd"] == "bench":
             bench(Path(job["checkpoint"]), Path(job["audio"]), job["n"], job["max_new_tokens"],
                   Path(job["out"]))  # fmt: skip
+        elif job["cmd"] == "align":
+            align(Path(job["checkpoint"]), job["requests"], Path(job["out"]))
         elif job["cmd"] == "split":
             split(Path(job["audio"]), job["max_seconds"], Path(job["out"]))
         elif job["cmd"] == "build":

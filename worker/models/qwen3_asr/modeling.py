@@ -1,5 +1,6 @@
 """Qwen3-ASR, written for omni-fleet: the audio encoder and the Qwen3 text decoder under the
 published checkpoint's names (``thinker.audio_tower.*``, ``thinker.model.*``, ``thinker.lm_head``).
+Qwen3-ForcedAligner is the same model with a time-slot classifier as ``lm_head`` (``aligner``).
 
 Audio encoder: 128-bin log-mel frames are cut into windows of ``2 * n_window`` frames, each
 downsampled 8x by three stride-2 convolutions (GELU), flattened through ``conv_out``, given
@@ -142,7 +143,11 @@ class Thinker(nn.Module):
         tc = cfg["text_config"]
         self.audio_tower = AudioEncoder(cfg["audio_config"])
         self.model = TextModel(tc)
-        self.lm_head = None if tie else nn.Linear(tc["hidden_size"], tc["vocab_size"], bias=False)
+        # Qwen3-ForcedAligner: the head classifies positions into time slots, not tokens
+        aligner = "forced_aligner" in str(cfg.get("model_type", ""))
+        out = cfg["classify_num"] if aligner else tc["vocab_size"]
+        tie = tie and not aligner
+        self.lm_head = None if tie else nn.Linear(tc["hidden_size"], out, bias=False)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:

@@ -14,10 +14,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.models.qwen3_asr.processor import MAX_ALIGN_CLIP_SECONDS, MAX_CLIP_SECONDS
-from worker.stages.base import DONE, INVALID, OUT, Output, RequestMeta, StageExecutor
+from worker.models.qwen3_asr.processor import (
+    MAX_ALIGN_CLIP_SECONDS,
+    MAX_CLIP_SECONDS,
+    MIN_CLIP_SECONDS,
+    PAUSE_SEARCH_SECONDS,
+)
+from worker.stages.base import DONE, FINAL, INVALID, OUT, Output, RequestMeta, StageExecutor
 
 CLIP_MARK = "\x00clip:"  # a text delta starting with this describes the clip whose text follows
+WORDS_MARK = "\x00words:"  # ... holds the aligner's word timestamps (JSON [word, start, end])
 OPTIONS_ROLE = "asr_options"
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 
@@ -30,6 +36,8 @@ class _Clip:
     features: Any
     start: float = 0.0
     end: float = 0.0
+    samples: Any = None  # the clip's audio, kept for the aligner when timestamps are wanted
+    text: str = ""
     cache: Any = None
     hidden: Any = None
     tokens: list[int] = field(default_factory=list)
@@ -44,6 +52,7 @@ class _Req:
     next_out: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    timestamps: bool = False
 
 
 class ASRExecutor(StageExecutor):
@@ -83,8 +92,12 @@ class ASRExecutor(StageExecutor):
             RequestMeta("transcription", frozenset({"text"})),
             {"request": {"kind": "transcription", "audio": wav}},
         )
-        while self.queue_depth():
-            self.step()
+        limit, self.max_new = self.max_new, 2  # a few steps warm every kernel
+        try:
+            while self.queue_depth():
+                self.step()
+        finally:
+            self.max_new = limit
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
         self.pending.append((rid, inputs["request"]))
@@ -110,17 +123,41 @@ class ASRExecutor(StageExecutor):
             language = self.processor.language(opts.get("language"))
         except ValueError as exc:
             return [(INVALID, rid, f"{self.ctx.name}: {exc}")]
-        longest = MAX_ALIGN_CLIP_SECONDS if opts.get("timestamps") else MAX_CLIP_SECONDS
-        clips = self.processor.clips(audio, language, opts.get("prompt") or "", longest)
+        timestamps = bool(opts.get("timestamps")) and bool(self.ctx.stage.next)
+        context = opts.get("prompt") or ""
+        longest = min(
+            MAX_ALIGN_CLIP_SECONDS if timestamps else MAX_CLIP_SECONDS,
+            self._seconds_in_context(context, language),
+        )
+        if longest < MIN_CLIP_SECONDS:
+            return [(INVALID, rid, f"{self.ctx.name}: the prompt leaves no room for audio in "
+                     f"context_length {self.ctx.stage.engine.context_length}")]  # fmt: skip
+        clips = self.processor.clips(audio, language, context, longest)
+        kept = [c.samples if timestamps else None for c in clips]
         r = _Req(
             rid,
             language,
-            [_Clip(rid, i, c.ids, c.features, c.start, c.end) for i, c in enumerate(clips)],
+            [
+                _Clip(rid, i, c.ids, c.features, c.start, c.end, kept[i])
+                for i, c in enumerate(clips)
+            ],
+            timestamps=timestamps,
         )
         r.prompt_tokens = sum(len(c.ids) for c in r.clips)
         self.requests[rid] = r
         self.waiting.extend(r.clips)
         return []
+
+    def _seconds_in_context(self, context: str, language: str | None) -> float:
+        """The longest clip limit whose prompt and answer fit ``context_length`` (13 audio
+        tokens a second; a cut may land 5 s past the limit): the package's limits when the
+        context is long enough (16,384 holds 1200 s), shorter clips otherwise, so that no clip
+        outgrows the KV cache the plan sized."""
+        prompt = self.processor.tokenizer(
+            self.processor.prompt(context, language), add_special_tokens=False
+        )["input_ids"]
+        room = self.ctx.stage.engine.context_length - len(prompt) - self.max_new
+        return room // 13 - 1 - PAUSE_SEARCH_SECONDS
 
     def _prefill(self, c: _Clip) -> None:
         from worker.models.qwen3_tts.modeling import KVCache
@@ -174,6 +211,7 @@ class ASRExecutor(StageExecutor):
                 toks = [t for t in c.tokens if t not in self.eos]
                 r.completion_tokens += len(c.tokens)
                 lang, text = self.processor.parse(self.processor.decode(toks), r.language)
+                c.text = text
                 mark = {"language": lang, "start": c.start, "end": c.end}
                 outs.append((OUT, rid, ("text", CLIP_MARK + json.dumps(mark))))
                 outs.append((OUT, rid, ("text", text)))
@@ -187,5 +225,61 @@ class ASRExecutor(StageExecutor):
                     "prompt_tokens": r.prompt_tokens,
                     "completion_tokens": r.completion_tokens,
                 }  # fmt: skip
+                if self.ctx.stage.next:  # the aligner: the clips to time (none unless asked)
+                    align = [(c.samples, c.text, c.start) for c in r.clips if c.text.strip()]
+                    outs.append((FINAL, rid, {"clips": align if r.timestamps else []}))
                 outs.append((DONE, rid, info))
+        return outs
+
+
+class AlignerExecutor(StageExecutor):
+    """Qwen3-ForcedAligner (component: the checkpoint's ``forced_aligner/``): word times for the
+    clips the asr stage hands over, sent as one ``WORDS_MARK`` delta ([word, start, end] in
+    seconds); a request that wants no timestamps hands over no clips and passes straight on."""
+
+    def load(self) -> None:
+        import torch
+
+        from worker.models.qwen3_asr.aligner import ALIGNER_DIR, ForcedAligner
+        from worker.models.qwen3_asr.modeling import Qwen3ASRModel
+        from worker.models.qwen3_tts.weights import load_stage_weights
+
+        comp = self.ctx.stage.component
+        ck = self.ctx.checkpoint / (comp.config_dir if comp and comp.config_dir else ALIGNER_DIR)
+        with torch.device("meta"):
+            model = Qwen3ASRModel(json.loads((ck / "config.json").read_text()))
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+            str(self.ctx.stage.dtype)
+        ]
+        load_stage_weights(model, self.ctx, ck, dtype=dtype, component=comp)
+        self.aligner = ForcedAligner(model.eval(), ck)
+        self.pending: list[tuple[str, list]] = []
+
+    def warmup(self) -> None:
+        import numpy as np
+
+        wav = (np.sin(np.arange(16_000, dtype=np.float32) / 5.0) * 0.1).astype(np.float32)
+        self.aligner.align([(wav, "warm up", 0.0)], self.ctx.device)
+
+    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
+        payload = next(iter(inputs.values()), None) or {}
+        self.pending.append((rid, list(payload.get("clips") or [])))
+
+    def abort(self, rid: str) -> None:
+        self.pending = [p for p in self.pending if p[0] != rid]
+
+    def next_deadline(self) -> float | None:
+        return 0.0 if self.pending else None
+
+    def queue_depth(self) -> int:
+        return len(self.pending)
+
+    def step(self) -> list[Output]:
+        rid, clips = self.pending.pop(0)
+        outs: list[Output] = []
+        if clips:
+            words = self.aligner.align([(w, t, float(o)) for w, t, o in clips], self.ctx.device)
+            stamps = [[w.word, w.start, w.end] for w in words]
+            outs.append((OUT, rid, ("text", WORDS_MARK + json.dumps(stamps))))
+        outs.append((DONE, rid, {}))
         return outs

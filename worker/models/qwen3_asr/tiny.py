@@ -1,7 +1,9 @@
 """Embedded tiny Qwen3-ASR checkpoints: the published layout at toy size, seeded random weights
 (omni-fleet's classes, the official tensor names), a byte-level tokenizer with the audio and role
 tokens the tiny configs name, a chat template (system turn, user turn with the audio) and the
-Whisper feature extractor's config. Written once into the cache, then loaded like a real one."""
+Whisper feature extractor's config; with a ``forced_aligner/`` config, the Qwen3-ForcedAligner
+checkpoint beside it (its tokenizer adds ``<timestamp>``). Written once into the cache, then
+loaded like a real one."""
 
 from __future__ import annotations
 
@@ -38,13 +40,25 @@ def is_tiny(config_dir: Path) -> bool:
 
 
 def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
+    """The checkpoint, and its forced aligner (``forced_aligner/``, its own seed) when the
+    config directory has one."""
+    from worker.models.qwen3_asr.aligner import ALIGNER_DIR
+
+    _build_one(config_dir, out, seed)
+    if (config_dir / ALIGNER_DIR / "config.json").is_file():
+        _build_one(config_dir / ALIGNER_DIR, out / ALIGNER_DIR, seed + 1)
+
+
+def _build_one(config_dir: Path, out: Path, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
 
+    from worker.models.qwen3_asr.aligner import TIMESTAMP
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel
     from worker.models.tokenizer import build_byte_tokenizer
 
     config = json.loads((config_dir / "config.json").read_text())
+    specials = SPECIAL_TOKENS + ([TIMESTAMP] if "timestamp_token_id" in config else [])
     model = Qwen3ASRModel(config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -53,7 +67,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
             p.copy_(base + torch.randn(p.shape, generator=gen) * 0.2)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
-    build_byte_tokenizer(out, SPECIAL_TOKENS, ROLE_TOKENS, chat_template=None)
+    build_byte_tokenizer(out, specials, ROLE_TOKENS, chat_template=None)
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     for name in ("config.json", "preprocessor_config.json"):
         shutil.copyfile(config_dir / name, out / name)
