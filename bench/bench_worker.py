@@ -4,6 +4,7 @@ in total).
 
     python bench/bench_worker.py [--requests 16] [--max-tokens 64] [--cache DIR] [--json]
     python bench/bench_worker.py --kv      # the step-batching KV strategies, in-process
+    python bench/bench_worker.py --layouts # one process, the tiny layout, a process per stage
 
 Run by hand on an otherwise idle machine. ``bench/bench_worker_http.py`` measures the same
 through the HTTP API.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -136,6 +138,56 @@ async def main(args: argparse.Namespace) -> dict:
     return report
 
 
+def _traffic(eng: PipelineEngine) -> tuple[int, int, int]:
+    edges = eng.edge_traffic().values()
+    return (
+        sum(t.handed_over for t in edges),
+        sum(t.serialised for t in edges),
+        sum(t.bytes for t in edges),
+    )
+
+
+async def bench_layouts(args: argparse.Namespace) -> dict:
+    """The same chat+audio requests on three process layouts of tiny-omni, one after another:
+    the tiny spec's (talker and code2wav share a process), every stage in one process (every
+    edge handed over in place) and every stage in its own (every edge serialised)."""
+    os.environ["OMNI_STAGE_THREADS"] = "1"  # the same threads per stage in every layout
+    spec = ModelSpec.model_validate_json(json.dumps(__import__("yaml").safe_load(SPEC.read_text())))
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-"))
+    stages = list(spec.stages)
+    layouts = {"tiny": None, "one-process": {"all": stages}, "split": {s: [s] for s in stages}}
+    report: dict = {}
+    for name, groups in layouts.items():
+        eng = PipelineEngine(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
+        await eng.start(lambda _m: None)
+        try:
+            for i in range(2):  # warm the paths once
+                await one(eng, chat(i, 8, audio=True))
+            await asyncio.sleep(0.5)  # every process reports its counters every 0.1 s
+            before = _traffic(eng)
+            ttfa = [
+                (await one(eng, chat(i, 16, audio=True)))["first_audio"]
+                for i in range(args.samples)
+            ]
+            make = lambda i: chat(i, args.max_tokens // 2, audio=True)  # noqa: E731
+            wall, _ = await run_at(eng, make, args.requests, 4)
+            await asyncio.sleep(0.5)
+            handed, serialised, size = (b - a for a, b in zip(before, _traffic(eng), strict=True))
+        finally:
+            await eng.stop()
+        n = args.samples + args.requests
+        report[name] = {
+            "processes": len(groups or spec.process_groups()),
+            "first_audio_p50_ms": round(1000 * statistics.median(ttfa), 1),
+            "c4_req_per_s": round(args.requests / wall, 2),
+            "handed_over_per_request": round(handed / n, 1),
+            "serialised_per_request": round(serialised / n, 1),
+            "serialised_kib_per_request": round(size / n / 1024, 1),
+        }
+        print(f"{name:12s} {report[name]}")
+    return report
+
+
 def bench_kv(cache: Path, batch: int = 8, context: int = 256, steps: int = 32) -> dict:
     """One decode step for ``batch`` requests with ``context`` cached tokens each, two ways:
     the persistent left-padded batch cache the runtime uses (KVBatch), and per-request caches
@@ -207,10 +259,13 @@ if __name__ == "__main__":
     ap.add_argument("--cache", help="checkpoint cache dir (default: a fresh temp dir)")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
     ap.add_argument("--kv", action="store_true", help="compare KV batching strategies only")
+    ap.add_argument(
+        "--layouts", action="store_true", help="compare process layouts (in-place handover) only"
+    )
     args = ap.parse_args()
     if args.kv:
         bench_kv(Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-")))
         sys.exit(0)
-    result = asyncio.run(main(args))
+    result = asyncio.run(bench_layouts(args) if args.layouts else main(args))
     if args.json:
         print(json.dumps(result))
