@@ -98,8 +98,7 @@ class Response:
             self.cancelling, self.reason = True, reason
             if self.running:
                 self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        await asyncio.wait({self.task})  # the caller's own cancellation still propagates
 
     # -- events ------------------------------------------------------------------------------
 

@@ -85,8 +85,8 @@ class Transcriber:
         task.add_done_callback(self.tasks.discard)
 
     async def stop(self) -> None:
-        for task in list(self.tasks):
+        tasks = list(self.tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:
+            await asyncio.wait(tasks)
