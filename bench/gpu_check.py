@@ -121,7 +121,9 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
             checkpoint=checkpoint,
             device=device if stage.device != "cpu" else "cpu",
             max_running_requests=stage.engine.max_running_requests,
-            extra={"random_weights": real},
+            # Omni draws random weights at tiny size too (the seeded tiny talker can end before
+            # its first audio); TTS and ASR run their tiny checkpoints as served
+            extra={"random_weights": real or name == "omni"},
         )
         base = torch.cuda.memory_allocated() if cuda else 0
         if cuda:

@@ -20,7 +20,16 @@ from worker.models.qwen3_asr.processor import (
     MIN_CLIP_SECONDS,
     PAUSE_SEARCH_SECONDS,
 )
-from worker.stages.base import DONE, FINAL, INVALID, OUT, Output, RequestMeta, StageExecutor
+from worker.stages.base import (
+    DONE,
+    FINAL,
+    INVALID,
+    OUT,
+    Output,
+    RequestMeta,
+    RequestPreprocessor,
+    StageExecutor,
+)
 
 CLIP_MARK = "\x00clip:"  # a text delta starting with this describes the clip whose text follows
 WORDS_MARK = "\x00words:"  # ... holds the aligner's word timestamps (JSON [word, start, end])
@@ -232,10 +241,11 @@ class ASRExecutor(StageExecutor):
         return outs
 
 
-class AlignerExecutor(StageExecutor):
+class AlignerExecutor(RequestPreprocessor):
     """Qwen3-ForcedAligner (component: the checkpoint's ``forced_aligner/``): word times for the
     clips the asr stage hands over, sent as one ``WORDS_MARK`` delta ([word, start, end] in
-    seconds); a request that wants no timestamps hands over no clips and passes straight on."""
+    seconds); a request that wants no timestamps hands over no clips and passes straight on.
+    One request per step in arrival order, as preprocessing queues them."""
 
     def load(self) -> None:
         import torch
@@ -253,7 +263,6 @@ class AlignerExecutor(StageExecutor):
         ]
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=comp)
         self.aligner = ForcedAligner(model.eval(), ck)
-        self.pending: list[tuple[str, list]] = []
 
     def warmup(self) -> None:
         import numpy as np
@@ -262,24 +271,17 @@ class AlignerExecutor(StageExecutor):
         self.aligner.align([(wav, "warm up", 0.0)], self.ctx.device)
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        payload = next(iter(inputs.values()), None) or {}
-        self.pending.append((rid, list(payload.get("clips") or [])))
+        self.pending.append((rid, meta, next(iter(inputs.values()), None) or {}))
 
-    def abort(self, rid: str) -> None:
-        self.pending = [p for p in self.pending if p[0] != rid]
-
-    def next_deadline(self) -> float | None:
-        return 0.0 if self.pending else None
-
-    def queue_depth(self) -> int:
-        return len(self.pending)
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        clips = [(w, t, float(o)) for w, t, o in request.get("clips") or []]
+        words = self.aligner.align(clips, self.ctx.device)
+        return {"words": [[w.word, w.start, w.end] for w in words]}
 
     def step(self) -> list[Output]:
-        rid, clips = self.pending.pop(0)
+        rid, _meta, request = self.pending.pop(0)
         outs: list[Output] = []
-        if clips:
-            words = self.aligner.align([(w, t, float(o)) for w, t, o in clips], self.ctx.device)
-            stamps = [[w.word, w.start, w.end] for w in words]
+        if request.get("clips"):
+            stamps = self.prepare(request)["words"]
             outs.append((OUT, rid, ("text", WORDS_MARK + json.dumps(stamps))))
-        outs.append((DONE, rid, {}))
-        return outs
+        return [*outs, (DONE, rid, {})]
