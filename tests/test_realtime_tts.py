@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from realtime_client import b64, read_response, silence_pcm
-from test_realtime_worker import TOKEN, next_of, say
+from realtime_client import add_user_text, b64, read_response, silence_pcm
+from test_realtime_worker import TOKEN, next_of
 from worker_procs import WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ async def test_text_to_speech_model_speaks_the_text(tts_worker: WorkerProcess) -
         await conn.input_audio_buffer.append(audio=b64(silence_pcm(0.1)))
         error, _ = await next_of(conn, "error")
         assert error.error.code == "invalid_request"
-        await say(conn, "Hello there.")
+        await add_user_text(conn, "Hello there.")
         await conn.response.create()
         reply = await read_response(conn)
     assert reply.transcript == "Hello there."

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from realtime_client import audio_session, read_response, silence_pcm, speech_pcm
+from realtime_client import add_user_text, audio_session, read_response, silence_pcm, speech_pcm
 from test_worker_http import Running, serve_in_thread
 from websockets.exceptions import ConnectionClosed
 
@@ -84,8 +84,7 @@ def connect(worker: Running):
 
 
 async def turn(conn, text: str):
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    await conn.conversation.item.create(item=item)
+    await add_user_text(conn, text)
     await conn.response.create()
     return await read_response(conn)
 

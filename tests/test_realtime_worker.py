@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis
 from realtime_client import (
+    add_user_text,
     audio_session,
     b64,
     read_response,
@@ -94,12 +95,6 @@ async def opened(conn, **settings):
     return updated
 
 
-async def say(conn, text: str) -> None:
-    await conn.conversation.item.create(
-        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    )
-
-
 async def next_of(conn, kind: str, timeout: float = 30):
     """Events up to the first of type ``kind`` (returned) and the types seen before it."""
     seen: list[str] = []
@@ -140,7 +135,7 @@ async def test_text_in_text_and_audio_out(worker: WorkerProcess) -> None:
         assert updated.session.id
         assert updated.session.instructions == "Be brief."
         assert updated.session.audio.input.turn_detection is None
-        await say(conn, "Hello, who are you?")
+        await add_user_text(conn, "Hello, who are you?")
         added, _ = await next_of(conn, "conversation.item.done")
         assert added.item.role == "user" and added.item.content[0].text.startswith("Hello")
         await conn.response.create()
@@ -180,7 +175,7 @@ async def test_text_in_text_and_audio_out(worker: WorkerProcess) -> None:
         assert 0.3 * len(first.transcript) <= len(kept) <= 0.5 * len(first.transcript) + 1
 
         # text only for this one response; the history now holds both turns
-        await say(conn, "And in one word?")
+        await add_user_text(conn, "And in one word?")
         await conn.response.create(response={"output_modalities": ["text"]})
         second = await read_response(conn)
         assert second.text and not second.audio and not second.transcript
@@ -239,7 +234,7 @@ async def test_cancel_and_barge_in_free_every_stage(worker: WorkerProcess) -> No
     aborted = metric(worker, "omni_worker_aborted_total")
     async with connect(worker) as conn:
         await opened(conn)
-        await say(conn, "Tell me a long story.")
+        await add_user_text(conn, "Tell me a long story.")
         await conn.response.create()
 
         async def cancel_on_audio(event, response) -> None:
@@ -264,7 +259,7 @@ async def test_cancel_and_barge_in_free_every_stage(worker: WorkerProcess) -> No
         vad = {"type": "server_vad", "silence_duration_ms": 300}
         await conn.session.update(session=audio_session(vad=vad))
         await next_of(conn, "session.updated")
-        await say(conn, "Another story, please.")
+        await add_user_text(conn, "Another story, please.")
         await conn.response.create()
         await next_of(conn, "response.output_item.added")
         await stream_audio(conn, speech_pcm(0.8) + silence_pcm(0.5), paced=False)
@@ -284,7 +279,8 @@ async def test_a_conversation_over_the_context_leaves_out_its_oldest_turns(
     async with connect(worker) as conn:
         await opened(conn)
         for word in ("alpha", "beta"):
-            await say(conn, (word + " ") * (context // 8))  # ~1300 tokens each: both overflow
+            # ~1300 tokens each: the two overflow the context together
+            await add_user_text(conn, (word + " ") * (context // 8))
             await next_of(conn, "conversation.item.done")
         await conn.response.create(response={"output_modalities": ["text"]})
         reply = await read_response(conn)
@@ -418,7 +414,7 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
     async with connect(worker, extra_headers=headers) as conn:
         updated = await opened(conn, instructions="Remember me.")
         assert updated.session.id == session_id
-        await say(conn, "My name is Ada.")
+        await add_user_text(conn, "My name is Ada.")
         first_item, _ = await next_of(conn, "conversation.item.done")
         await conn.response.create()
         first = await read_response(conn)
@@ -436,7 +432,7 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
         await conn.conversation.item.retrieve(item_id=first_item.item.id)
         got, _ = await next_of(conn, "conversation.item.retrieved")
         assert got.item.content[0].text == "My name is Ada."
-        await say(conn, "What is my name?")
+        await add_user_text(conn, "What is my name?")
         await conn.response.create()
         second = await read_response(conn)
         # the whole history went in: more than the first turn's prompt and reply together
@@ -449,7 +445,7 @@ async def test_conversation_resumes_from_redis(worker: WorkerProcess, rt_redis) 
         assert r.llen(KEYS.conversation(session_id)) == stored_before - 1
         # bounded: past MAX_ITEMS the oldest items drop off, in Redis too
         for i in range(MAX_ITEMS):
-            await say(conn, f"filler {i}")
+            await add_user_text(conn, f"filler {i}")
             await next_of(conn, "conversation.item.done")
     assert r.llen(KEYS.conversation(session_id)) == MAX_ITEMS
 
@@ -466,7 +462,7 @@ async def test_beta_protocol_names(worker: WorkerProcess) -> None:
         assert event.session.input_audio_format == "pcm16"
         await conn.session.update(session={"turn_detection": None, "instructions": "Hi."})
         await next_of(conn, "session.updated")
-        await say(conn, "Hello")
+        await add_user_text(conn, "Hello")
         await conn.response.create()
         done, seen = await next_of(conn, "response.done")
     beta_names = {
@@ -484,7 +480,7 @@ async def test_drain_finishes_the_reply_then_closes_with_1012(worker: WorkerProc
     """Last: SIGTERM stops the module's worker."""
     async with connect(worker) as conn:
         await opened(conn)
-        await say(conn, "One more answer.")
+        await add_user_text(conn, "One more answer.")
         await conn.response.create()
         await next_of(conn, "response.output_audio_transcript.delta")
         worker.proc.terminate()
