@@ -59,7 +59,6 @@ class _Request:
     rid: str
     replica: _Replica
     route: Route
-    metas: dict[str, RequestMeta]
     queue: asyncio.Queue
     public_id: str
     groups: set[str] = field(default_factory=set)  # process groups of its active stages
@@ -269,7 +268,7 @@ class PipelineEngine:
             )
             for s in rt.active
         }
-        req = _Request(rid, rep, rt, metas, asyncio.Queue(), request.request_id)
+        req = _Request(rid, rep, rt, asyncio.Queue(), request.request_id)
         req.terminals_left = set(rt.terminals)
         payload = pack(
             {
