@@ -346,6 +346,8 @@ async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: Worker
             conn.conversation.item.truncate(item_id="nope", content_index=0, audio_end_ms=10),
             "item_not_found",
         )
+        # text no context holds is refused before tokenizing (tiny-omni's bound: 131072 bytes)
+        await refused(add_user_text(conn, "x" * 140_000), "context_length_exceeded", "item.content")
         call = {"type": "function_call", "name": "f", "arguments": "{}"}
         await refused(conn.conversation.item.create(item=call), "invalid_request")
         await refused(

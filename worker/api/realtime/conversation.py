@@ -78,9 +78,24 @@ def without_oldest_turns(messages: list[dict]) -> list[dict] | None:
     return [*system, *turns[len(turns) // 2 :]]
 
 
-def item_from_client(given: ItemIn, max_audio_bytes: int, audio_format: str = PCM) -> dict:
-    """A client's ``conversation.item.create`` item, checked: content types fit the role, audio
-    is valid in the session's input format and within the buffer limit (kept as PCM16 24 kHz)."""
+def check_text(text: str, limit: int, param: str) -> None:
+    """Text over the model's context (its byte bound) is refused before any tokenizing."""
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise RealtimeError(
+            Code.CONTEXT_LENGTH_EXCEEDED,
+            f"text over {limit} bytes, more than this model's context can hold",
+            param,
+        )
+
+
+def item_from_client(
+    given: ItemIn, max_audio_bytes: int, max_text_bytes: int, audio_format: str = PCM
+) -> dict:
+    """A client's ``conversation.item.create`` item, checked: content types fit the role, text
+    fits the context, audio is valid in the session's input format and within the buffer
+    limit (kept as PCM16 24 kHz)."""
+    texts = [p.text or p.transcript or "" for p in given.content]
+    check_text("".join(texts), max_text_bytes, "item.content")
     content: list[dict] = []
     for i, part in enumerate(given.content):
         param = f"item.content.{i}"

@@ -16,10 +16,12 @@ import redis.exceptions
 from fleet.conversations import ConversationStore
 from fleet.errors import OmniError
 from fleet.records import Endpoint, Modality
+from worker.api.limits import max_prompt_bytes
 from worker.api.realtime import config as cfg
 from worker.api.realtime import events as ev
 from worker.api.realtime.conversation import (
     Conversation,
+    check_text,
     item_from_client,
     message_item,
     new_id,
@@ -73,6 +75,7 @@ class RealtimeSession:
         self.config.voice = speakers[0] if speakers else None  # a built-in: nothing to fetch
         self.voice_audio = None
         self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)
+        self.max_text_bytes = max_prompt_bytes(settings, service.spec)
         self.conversation = Conversation(store, self.stored_name, settings.realtime_max_items)
         self.vad: ServerVad | None = None
         self.turn_item_id: str | None = None  # the item the speech in progress will become
@@ -147,6 +150,7 @@ class RealtimeSession:
         await handler(self, event)
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
+        check_text(event.session.instructions or "", self.max_text_bytes, "session.instructions")
         new, voice = cfg.apply(self.config, event.session)
         if voice is not None and voice != self.config.voice:
             try:
@@ -264,7 +268,9 @@ class RealtimeSession:
         await self.send({"type": "input_audio_buffer.cleared"})
 
     async def _item_create(self, event: ev.ItemCreate) -> None:
-        item = item_from_client(event.item, self.buffer.max_bytes, self.config.input_format)
+        item = item_from_client(
+            event.item, self.buffer.max_bytes, self.max_text_bytes, self.config.input_format
+        )
         previous = await self.conversation.add(item, event.previous_item_id)
         await self._announce(item, previous)
 
