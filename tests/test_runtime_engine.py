@@ -96,10 +96,14 @@ async def wait_until(cond, timeout: float, what: str) -> None:
 
 
 async def settled_traffic(eng: PipelineEngine) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """Edge counters once every process has reported after the last request (~0.1 s)."""
+    """Edge counters once every process has reported after the last request (each reports
+    every 0.1 s): the same over three reads 0.2 s apart."""
     await wait_until(lambda: idle(eng), 10, "every stage's queue to drain")
-    await asyncio.sleep(0.5)
-    return {edge: t.as_tuple() for edge, t in eng.edge_traffic().items()}
+    reads: list[dict] = []
+    while len(reads) < 3 or any(r != reads[-1] for r in reads[-3:]):
+        await asyncio.sleep(0.2)
+        reads.append({edge: t.as_tuple() for edge, t in eng.edge_traffic().items()})
+    return reads[-1]
 
 
 def idle(eng: PipelineEngine) -> bool:
@@ -192,8 +196,9 @@ async def test_prompt_over_the_context_is_refused_before_the_encoders(
     after = await settled_traffic(engine)
     # refused where the tokens were counted: nothing went on to an encoder or the thinker
     assert ("preprocessing", "invalid") in {(s, w) for _, s, w in engine.trace["too-long"]}
-    for target in ("image_encoder", "audio_encoder", "thinker", "talker"):
-        assert after[("preprocessing", target)] == before[("preprocessing", target)]
+    for target in ("image_encoder", "audio_encoder", "thinker"):
+        edge = ("preprocessing", target)
+        assert after.get(edge) == before.get(edge)
 
 
 async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
