@@ -354,6 +354,8 @@ async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: Worker
             conn.send_raw('{"type": "session.update", "session": {"output_modalities": []}}'),
             "invalid_request",
         )
+        counted = metric(worker, 'omni_worker_realtime_errors_total{code="invalid_audio"}')
+        assert counted >= 2  # the bad base64 and the torn sample
         # nothing was lost: the session still answers, with the settings it had; this time to
         # audio committed by hand
         await stream_audio(conn, speech_pcm(0.6), paced=False)
@@ -387,6 +389,7 @@ async def test_session_limit_refuses_with_a_close_code(worker: WorkerProcess) ->
             with pytest.raises(ConnectionClosed) as closed:
                 await extra.recv()
             assert closed.value.rcvd.code == 1013
+        assert metric(worker, 'omni_worker_realtime_closes_total{code="1013"}') == 1
         # a place frees up: the next one is served
         await conns.pop().close()
         async with connect(worker) as again:

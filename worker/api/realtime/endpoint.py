@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import logging
 import re
+import time
 
 import orjson
 from fastapi import APIRouter, WebSocket
@@ -27,6 +28,7 @@ from worker.api.gate import TOKEN_HEADER
 from worker.api.realtime import events as ev
 from worker.api.realtime.dialect import wants_beta
 from worker.api.realtime.errors import Close, Code, RealtimeError
+from worker.api.realtime.metrics import realtime_metrics
 from worker.api.realtime.response import SessionClosed
 from worker.api.realtime.session import RealtimeSession
 from worker.service import WorkerService
@@ -151,6 +153,9 @@ async def realtime(websocket: WebSocket) -> None:
     try:
         model, session_id = _admit(websocket, service)
     except RealtimeError as exc:
+        metrics = realtime_metrics(service)
+        metrics.error(exc.code.value)
+        metrics.closed(_close_code(exc))
         with contextlib.suppress(Exception):
             await websocket.send_text(
                 orjson.dumps({"event_id": new_id("event"), **exc.event()}).decode()
@@ -169,6 +174,7 @@ async def realtime(websocket: WebSocket) -> None:
     )
     connection = Connection(session)
     service.open_realtime(connection)
+    opened = time.monotonic()
     expiry = asyncio.get_running_loop().call_later(
         service.settings.realtime_max_session_seconds,
         connection.end,
@@ -189,12 +195,20 @@ async def realtime(websocket: WebSocket) -> None:
             with contextlib.suppress(BaseException):
                 await receiver
         await session.stop_response()
+        code: Close | None = None
         if connection.ending.done():
             error, code = connection.ending.result()
             await session.send_error(error)
             with contextlib.suppress(Exception):
                 await websocket.close(code, error.code.value)
         session.closed = True
+        session.metrics.closed(code)
+        log.info(
+            "realtime session %s ended after %.1fs (%s)",
+            session_id,
+            time.monotonic() - opened,
+            f"close {code.value}" if code is not None else "closed by the client",
+        )
         service.close_realtime(connection)
         connection.ended.set()
 

@@ -51,6 +51,9 @@ class Channel(Protocol):
     async def send(self, event: dict) -> None:
         """Raises ``SessionClosed`` once the client is gone."""
 
+    async def send_error(self, error: RealtimeError) -> None:
+        """An ``error`` event, counted; never raises."""
+
 
 @dataclass
 class ResponsePlan:
@@ -281,7 +284,7 @@ class Response:
                     await ch.conversation.store_item(item)
         with contextlib.suppress(SessionClosed):
             if self.error is not None:
-                await ch.send(self.error.event())
+                await ch.send_error(self.error)
             output: list[dict] = []
             if item is not None:
                 shown = public(item)

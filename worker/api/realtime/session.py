@@ -30,6 +30,7 @@ from worker.api.realtime.conversation import (
 from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_input, ms
+from worker.api.realtime.metrics import realtime_metrics
 from worker.api.realtime.planning import plan_response
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
@@ -60,6 +61,7 @@ class RealtimeSession:
         self.beta = beta
         self._send_text = send_text
         self._lock = asyncio.Lock()
+        self.metrics = realtime_metrics(service)
         self.closed = False
         settings = service.settings
         self.store = store
@@ -102,6 +104,7 @@ class RealtimeSession:
                 raise SessionClosed from exc
 
     async def send_error(self, error: RealtimeError, client_event_id: str | None = None) -> None:
+        self.metrics.error(error.code.value)
         with contextlib.suppress(SessionClosed):
             await self.send(error.event(client_event_id))
 
