@@ -1,0 +1,109 @@
+"""``response.create`` -> the engine request: a chat turn over the conversation (Qwen3-Omni:
+text and audio in, text or text + audio out), or, for a text-to-speech model (a spec serving
+speech but not chat, e.g. Qwen3-TTS), the user's text since the last reply, spoken."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleet.errors import OmniError
+from fleet.records import Endpoint, Modality
+from worker.api.realtime import config as cfg
+from worker.api.realtime.conversation import Conversation, check_text, item_from_client
+from worker.api.realtime.errors import Code, RealtimeError
+from worker.api.realtime.events import ResponseIn
+from worker.api.realtime.response import ResponsePlan
+from worker.api.speech import _generation as speech_request
+from worker.api.voices import resolve_voice
+from worker.engine import GenerationRequest, RequestKind
+from worker.service import WorkerService
+
+if TYPE_CHECKING:
+    from worker.api.realtime.session import RealtimeSession
+
+
+def speaks_only(service: WorkerService) -> bool:
+    """A text-to-speech model: each response speaks text; there is no chat turn to take."""
+    endpoints = service.capabilities.endpoints
+    return Endpoint.SPEECH in endpoints and Endpoint.CHAT not in endpoints
+
+
+def _unspoken_text(items: list[dict]) -> str:
+    """The user's text after the last assistant item (what a TTS response is to say)."""
+    said: list[str] = []
+    for item in reversed(items):
+        if item.get("role") == "assistant":
+            break
+        if item.get("role") == "user":
+            texts = [p.get("text") or "" for p in item["content"] if p.get("type") == "input_text"]
+            said.append("".join(texts))
+    return " ".join(t for t in reversed(said) if t.strip()).strip()
+
+
+async def plan_response(session: RealtimeSession, given: ResponseIn) -> ResponsePlan:
+    service, c = session.service, session.config
+    modalities = cfg.modalities(given.output_modalities or given.modalities) or c.output_modalities
+    if "audio" in modalities and Modality.AUDIO not in service.capabilities.output_modalities:
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            f"model {session.model!r} does not produce audio",
+            "response.output_modalities",
+        )
+    voice, voice_audio = c.voice, session.voice_audio
+    output = given.audio.output if given.audio else None
+    asked = cfg.voice_name(output.voice if output else None) or given.voice
+    if asked is not None and asked != voice:
+        try:
+            voice, voice_audio = await resolve_voice(service, asked, "response.audio.output.voice")
+        except OmniError as exc:
+            raise RealtimeError.from_omni(exc) from exc
+    instructions = given.instructions if given.instructions is not None else c.instructions
+    check_text(instructions, session.max_text_bytes, "response.instructions")
+    extra = [
+        item_from_client(i, session.buffer.max_bytes, session.max_text_bytes, c.input_format)
+        for i in given.input or []
+    ]
+    in_conversation = given.conversation in (None, "auto")
+    history = session.conversation if in_conversation else Conversation(None, "", len(extra) + 1)
+    limit = cfg.max_tokens(given.max_output_tokens or given.max_response_output_tokens)
+    limit = limit or c.max_output_tokens
+    plan = ResponsePlan(
+        request=GenerationRequest(request_id="", kind=RequestKind.CHAT),
+        modalities=modalities,
+        voice=voice,
+        max_tokens=limit,
+        in_conversation=in_conversation,
+        metadata=given.metadata,
+        output_format=c.output_format,
+    )
+    if speaks_only(service):
+        text = _unspoken_text([*history.items, *extra])
+        if not text:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "nothing to speak: add a user text item (conversation.item.create) first",
+                "response",
+            )
+        if voice is None:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "this model has no built-in voice: set session.audio.output.voice",
+                "session.audio.output.voice",
+            )
+        try:
+            plan.request = await speech_request(service, text, voice, instructions or None, None)
+        except OmniError as exc:
+            raise RealtimeError.from_omni(exc) from exc
+        plan.request.max_tokens = limit
+        plan.modalities, plan.spoken = ["audio"], text
+        return plan
+    plan.request = GenerationRequest(
+        request_id="",
+        kind=RequestKind.CHAT,
+        messages=history.messages(instructions, extra),
+        output_audio="audio" in modalities,
+        voice=voice,
+        voice_audio=voice_audio,
+        max_tokens=limit,
+    )
+    return plan
