@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
 
 from worker.api.realtime.errors import Code, RealtimeError
@@ -75,7 +77,7 @@ def voice_name(voice: str | VoiceId | None) -> str | None:
     return voice.id if isinstance(voice, VoiceId) else voice
 
 
-def modalities(given: list[str] | None) -> list[str] | None:
+def modalities(given: Sequence[str] | None) -> list[str] | None:
     """GA takes ["text"] or ["audio"] (audio comes with its transcript); beta's
     ["text", "audio"] is GA's ["audio"]."""
     if given is None:
@@ -104,8 +106,8 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
         ("input_format", update.input_audio_format, "input_audio_format"),
         ("output_format", update.output_audio_format, "output_audio_format"),
     )
-    for field, given, param in formats:
-        name = format_name(given, f"session.{param}.format")
+    for field, fmt, param in formats:
+        name = format_name(fmt, f"session.{param}.format")
         if name is not None:
             changes[field] = name
     if update.instructions is not None:
@@ -117,9 +119,9 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
     # turn detection: given as null turns it off; left out keeps it
     for holder in (audio.input if audio else None, update):
         if holder is not None and "turn_detection" in holder.model_fields_set:
-            given = holder.turn_detection
+            detection = holder.turn_detection
             base = config.turn_detection or VadConfig()
-            changes["turn_detection"] = None if given is None else base.patched(given)
+            changes["turn_detection"] = None if detection is None else base.patched(detection)
     for holder, name in (
         (audio.input if audio else None, "transcription"),
         (update, "input_audio_transcription"),

@@ -9,7 +9,9 @@ import base64
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import numpy as np
 import orjson
 import redis.exceptions
 
@@ -75,7 +77,7 @@ class RealtimeSession:
             self.config.turn_detection = None
         speakers = service.engine.speakers()
         self.config.voice = speakers[0] if speakers else None  # a built-in: nothing to fetch
-        self.voice_audio = None
+        self.voice_audio: np.ndarray | None = None
         self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)
         self.max_text_bytes = max_prompt_bytes(settings, service.spec)
         self.conversation = Conversation(store, self.stored_name, settings.realtime_max_items)
@@ -90,12 +92,11 @@ class RealtimeSession:
     async def send(self, event: dict) -> None:
         if self.closed:
             raise SessionClosed
-        event = {"event_id": new_id("event"), **event}
-        if self.beta:
-            event = to_beta(event)
-            if event is None:
-                return
-        data = orjson.dumps(event).decode()
+        stamped = {"event_id": new_id("event"), **event}
+        shown = to_beta(stamped) if self.beta else stamped
+        if shown is None:  # an event beta clients never get
+            return
+        data = orjson.dumps(shown).decode()
         async with self._lock:
             try:
                 await self._send_text(data)
@@ -320,7 +321,8 @@ class RealtimeSession:
         await response.cancel("client_cancelled")
 
 
-_HANDLERS: dict[str, Callable[[RealtimeSession, ev.ClientEvent], Awaitable[None]]] = {
+# each handler takes its own event model (``ev.EVENTS`` parses the type into it)
+_HANDLERS: dict[str, Callable[[RealtimeSession, Any], Awaitable[None]]] = {
     "session.update": RealtimeSession._session_update,
     "input_audio_buffer.append": RealtimeSession._append,
     "input_audio_buffer.commit": RealtimeSession._commit_buffer,
@@ -331,4 +333,4 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, ev.ClientEvent], Awaitable[None]
     "conversation.item.retrieve": RealtimeSession._item_retrieve,
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,
-}  # type: ignore[dict-item]
+}

@@ -55,12 +55,14 @@ async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> No
     with contextlib.suppress(RealtimeError):  # the item was deleted meanwhile
         await channel.conversation.set_transcript(item_id, content_index, transcript)
     finished = result.finished
+    tokens_in = finished.prompt_tokens if finished else 0
+    tokens_out = finished.completion_tokens if finished else 0
     usage = {
         "type": "tokens",
-        "input_tokens": finished.prompt_tokens if finished else 0,
-        "output_tokens": finished.completion_tokens if finished else 0,
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+        "total_tokens": tokens_in + tokens_out,
     }
-    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
     with contextlib.suppress(SessionClosed):
         await channel.send(
             {
