@@ -179,12 +179,13 @@ def parse_sentinel_url(url: str) -> SentinelURL:
 class _SentinelMasterRedis(aioredis.Redis):
     """The master's client; closing it also closes the connections to the sentinels."""
 
-    sentinel: Sentinel | None = None
+    # not called ``sentinel``: that name is redis-py's SENTINEL command on every client
+    via_sentinel: Sentinel | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
-        if self.sentinel is not None:
-            for client in self.sentinel.sentinels:
+        if self.via_sentinel is not None:
+            for client in self.via_sentinel.sentinels:
                 await client.aclose()
 
 
@@ -217,7 +218,7 @@ def sentinel_client(parsed: SentinelURL, **connection_kwargs: Any) -> aioredis.R
     client = sentinel.master_for(
         parsed.service_name, redis_class=_SentinelMasterRedis, **master_kwargs
     )
-    client.sentinel = sentinel
+    client.via_sentinel = sentinel
     return client
 
 

@@ -250,7 +250,7 @@ class FleetStore:
 
     async def snapshot(self) -> dict[str, WorkerView]:
         """Every live worker with its latest load. Ids whose record expired are pruned."""
-        ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.workers))
+        ids = sorted(_text(m) for m in await self.redis.smembers(self.keys.workers))
         if not ids:
             return {}
         # One MGET for records and loads: one round trip, and legal on a cluster (same slot).
@@ -303,7 +303,7 @@ class FleetStore:
     async def lookup_session(self, session_key: str, ttl_ms: int) -> str | None:
         """The worker bound to a session, sliding its TTL."""
         worker = await self.redis.getex(self.keys.affinity(session_key), px=ttl_ms)
-        return worker.decode() if worker is not None else None
+        return _text(worker) if worker is not None else None
 
     async def bind_session(self, session_key: str, worker_id: str, ttl_ms: int) -> str:
         """Bind the session to ``worker_id`` unless another router bound it first.
@@ -336,7 +336,7 @@ class FleetStore:
         for i in range(0, len(keys), 500):
             for worker in await self.redis.mget(keys[i : i + 500]):
                 if worker is not None:  # expired between SCAN and MGET
-                    wid = worker.decode()
+                    wid = _text(worker)
                     per_worker[wid] = per_worker.get(wid, 0) + 1
         return per_worker, len(keys)
 
@@ -401,3 +401,8 @@ class FleetStore:
         if result == -1:
             raise VoiceOwnedByAnotherKey(name)
         return bool(result)
+
+
+def _text(value: bytes | str) -> str:
+    """A reply as text (the client returns bytes; redis-py's types also allow str)."""
+    return value.decode() if isinstance(value, bytes) else value

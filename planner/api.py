@@ -235,7 +235,7 @@ def _process(
 ) -> ProcessPlan:
     stages: list[StagePlacement] = []
     per_gpu = MemoryBudget()
-    fraction = None
+    fraction: float | None = None
     if gpus:
         cost = placer.cost(u, node.gpus[gpus[0]])
         per_gpu = MemoryBudget(runtime=cost.runtime)

@@ -67,9 +67,14 @@ def _fleet_table(plan: LaunchPlan, console: Console) -> None:
     ):
         t.add_column(col, justify="right" if col != "replicas by node kind" else "left")
     f = plan.fleet
-    kinds = ", ".join(f"{k}: {v}" for k, v in f.replicas_by_gpu_type.items())
+    by_kind = ", ".join(f"{k}: {v}" for k, v in f.replicas_by_gpu_type.items())
     t.add_row(
-        str(f.nodes), str(f.gpus), str(f.replicas), _g(f.capacity_bytes), _g(f.planned.total), kinds
+        str(f.nodes),
+        str(f.gpus),
+        str(f.replicas),
+        _g(f.capacity_bytes),
+        _g(f.planned.total),
+        by_kind,
     )
     console.print(t)
     per = Table(title="Nodes (identical layouts grouped; per node)", title_justify="left")

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from router.discovery import Discovery
@@ -40,7 +41,7 @@ class Affinity:
         self.summary_every_s = settings.move_log_interval_s
         self.moves: Counter[str] = Counter()  # since the last summary line
         self.summary_at = time.monotonic()
-        self._unbind = None
+        self._unbind: AsyncScript | None = None  # registered on first use
 
     async def resolve(
         self,

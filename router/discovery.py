@@ -15,6 +15,7 @@ import time
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -76,10 +77,12 @@ class Discovery:
         self.metrics = metrics
         client = connect(url, timeout_s=settings.redis_timeout_s)
         # a pooled connection that died with a Redis restart is retried once on a fresh one,
-        # instead of failing the request path that happened to pick it
-        client.connection_pool.connection_kwargs.update(
-            retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError]
-        )
+        # instead of failing the request path that happened to pick it (a cluster client has
+        # no single pool: it retries on its own, on the node that now holds the slot)
+        if isinstance(client, Redis):
+            client.connection_pool.connection_kwargs.update(
+                retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError]
+            )
         self.store = FleetStore(client, settings.fleet)
         self.up = False
         self.last_sync = 0.0  # monotonic time of the last successful resync
@@ -196,5 +199,5 @@ class Discovery:
         self.view.upsert(record)
 
     async def close(self) -> None:
-        with contextlib.suppress(_ERRORS):
+        with contextlib.suppress(*_ERRORS):
             await self.store.close()

@@ -94,7 +94,7 @@ class Metrics:
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self))  # type: ignore[arg-type]
+        registry.register(_Collector(self))
         return generate_latest(registry)
 
 
@@ -165,9 +165,9 @@ class _Collector:
             c = CounterMetricFamily(f"omni_router_{name}", doc)
             c.add_metric([], value)
             yield c
-        for name, value in m.gauges().items():
+        for name, gauge in m.gauges().items():
             g = GaugeMetricFamily(f"omni_router_{name}", name.replace("_", " "))
-            g.add_metric([], value)
+            g.add_metric([], gauge)
             yield g
 
 

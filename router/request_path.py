@@ -173,8 +173,8 @@ class RequestPath:
             )
             return
         if json_routed:
-            try:
-                c = classify_json(endpoint, req.body, ctype, self.session_from_user)
+            try:  # (only uploads stream, so a JSON-routed body is always here)
+                c = classify_json(endpoint, req.body or b"", ctype, self.session_from_user)
             except OmniError as exc:
                 self.fail(client, exc)
                 return

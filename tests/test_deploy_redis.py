@@ -129,7 +129,7 @@ def test_connect_builds_a_sentinel_client_without_touching_the_network() -> None
     assert isinstance(client, aioredis.Redis)
     kwargs = client.connection_pool.connection_kwargs
     assert (kwargs["db"], kwargs["password"], kwargs["socket_timeout"]) == (3, "pw", 0.5)
-    assert [c.connection_pool.connection_kwargs["port"] for c in client.sentinel.sentinels] == [
+    assert [c.connection_pool.connection_kwargs["port"] for c in client.via_sentinel.sentinels] == [
         1,
         2,
     ]

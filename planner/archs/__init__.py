@@ -74,7 +74,7 @@ def build_transformers(config: dict[str, Any]) -> MetaModel:
     model_type = config.get("model_type") or ""
     names = list(config.get("architectures") or [])
     classes = [getattr(transformers, RENAMED_ARCHITECTURES.get(n, n), None) for n in names]
-    cls = next((c for c in classes if c is not None), None)
+    cls: Any = next((c for c in classes if c is not None), None)
     cfg = None
     if model_type:
         try:

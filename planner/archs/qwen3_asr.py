@@ -51,7 +51,10 @@ def build_asr(config: dict[str, Any]) -> MetaModel:
         extra.update(num_labels=thinker["classify_num"], token_classification_bias=False)
     cfg = Qwen3ASRConfig(audio_config=audio, text_config=text, tie_word_embeddings=tie, **extra)
     # Guard against the silent-default failure this module exists for.
-    got = (cfg.audio_config.d_model, cfg.text_config.hidden_size)
+    got = (
+        getattr(cfg.audio_config, "d_model", None),
+        getattr(cfg.text_config, "hidden_size", None),
+    )
     want = (audio.get("d_model"), text.get("hidden_size"))
     if got != want:
         raise ArchitectureError(f"qwen3_asr: sub-configs were not applied (got {got}, want {want})")

@@ -118,7 +118,7 @@ def _speaker_encoder(sc: dict[str, Any]) -> nn.Module:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import ECAPA_TimeDelayNet
 
     # qwen-tts' Qwen3TTSSpeakerEncoderConfig defaults (differ from Qwen2.5-Omni's DiT ones).
-    params = {
+    params: dict[str, Any] = {
         "mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536],
         "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1],
         "enc_attention_channels": 128, "enc_res2net_scale": 8, "enc_se_channels": 128,

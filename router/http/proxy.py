@@ -163,7 +163,7 @@ class Upstream(asyncio.Protocol):
                 return int(value) if value.isdigit() else 0
         return 0
 
-    def _feed(self, data: bytes) -> bool:
+    def _feed(self, data: bytes | memoryview) -> bool:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:

@@ -51,8 +51,10 @@ class Handler(Protocol):
     limits and counters, where parsed requests go, and where each exchange with a worker ends
     (the ``upstream_*`` calls of the relay, passed on with the client)."""
 
-    limits: ClientLimits
-    metrics: ConnectionMetrics
+    @property
+    def limits(self) -> ClientLimits: ...
+    @property
+    def metrics(self) -> ConnectionMetrics: ...
 
     def connection_opened(self, client: ClientConnection) -> bytes | None:
         """None: the connection is served; else the response that refuses it (then closed)."""
