@@ -85,3 +85,42 @@ def test_limits_hold_for_heads_that_arrive_in_pieces(router: Router) -> None:
                 sock.sendall(piece)
                 time.sleep(0.05)  # separate reads on the router's side
             assert status_and_code(read_until_closed(sock)) == expected
+
+
+def test_heads_in_pieces_within_the_limits_are_served_whole(router: Router) -> None:
+    """A target and headers split over several reads are joined as sent (the router keeps the
+    pieces only for such heads), and the next request on the connection, whole in one read,
+    is served as usual."""
+    import socket
+    import time
+
+    def response(sock: socket.socket) -> tuple[int, bytes]:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(body) < length:
+            body += sock.recv(65536)
+        return int(head.split(b" ", 2)[1]), body[:length]
+
+    body = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
+    request = (
+        b"POST /v1/chat/completions?trace=" + b"t" * 3000 + b" HTTP/1.1\r\nhost: x\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    cuts = [9, 20, 1500, 3030, 3060]  # inside the path, the query, the headers
+    pieces = [request[a:b] for a, b in zip([0, *cuts], [*cuts, len(request)], strict=True)]
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.05)  # separate reads on the router's side
+        status, answer = response(sock)
+        assert status == 200 and b"chat.completion" in answer
+        sock.sendall(b"GET /live HTTP/1.1\r\nhost: x\r\n\r\n")  # whole, in one read
+        assert response(sock) == (200, b'{"status":"live"}')
