@@ -82,6 +82,19 @@ class WorkerMetrics:
             "omni_worker_status", "1 for the current status", ["status"], registry=r
         )
         self.redis_up = Gauge("omni_worker_redis_up", "1 when Redis answers", registry=r)
+        # /v1/realtime; worker/api/realtime/metrics.py names the label vocabularies
+        self.realtime_sessions = Gauge(
+            "omni_worker_realtime_sessions", "open /v1/realtime WebSocket sessions", registry=r
+        )
+        self.realtime_errors = Counter(
+            "omni_worker_realtime_errors", "realtime error events sent, by code",
+            ["code"], registry=r,
+        )  # fmt: skip
+        self.realtime_closes = Counter(
+            "omni_worker_realtime_closes",
+            "realtime sessions ended, by close code (client: the client closed)",
+            ["code"], registry=r,
+        )  # fmt: skip
         for route in Route:
             for cls in ("2xx", "4xx", "5xx"):
                 self.requests.labels(route.value, cls)

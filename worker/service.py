@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import statistics
 import time
@@ -12,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis.exceptions
-from prometheus_client import Gauge
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
-from planner.spec import ModelSpec
+from planner.spec import ModelSpec, resolve_model_dir
 from worker.engine import Engine
 from worker.metrics import WorkerMetrics
 from worker.settings import WorkerSettings
@@ -104,19 +105,6 @@ class Ticket:
             self.service._release()
 
 
-def _realtime_gauge(metrics: WorkerMetrics) -> Gauge:
-    """The open-sessions gauge, registered once per metrics registry."""
-    gauge = getattr(metrics, "realtime_sessions", None)
-    if gauge is None:
-        gauge = Gauge(
-            "omni_worker_realtime_sessions",
-            "open /v1/realtime WebSocket sessions",
-            registry=metrics.registry,
-        )
-        metrics.realtime_sessions = gauge  # type: ignore[attr-defined]
-    return gauge
-
-
 class WorkerService:
     def __init__(
         self,
@@ -141,8 +129,20 @@ class WorkerService:
         self.ttfa = _Latencies()
         self._sessions: dict[str, float] = {}
         self.realtime: set[RealtimeHandle] = set()
-        self._realtime_gauge = _realtime_gauge(self.metrics)
         self.created = int(time.time())
+
+    @functools.cached_property
+    def model_type(self) -> str | None:
+        """The served checkpoint's ``model_type`` (its config.json), None when not known: the
+        speech and transcription APIs speak each family's own options."""
+        spec_path = getattr(self.engine, "spec_path", None)
+        if spec_path is None:
+            return None
+        try:
+            config = resolve_model_dir(self.spec, spec_path) / "config.json"
+            return json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            return None
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -200,11 +200,11 @@ class WorkerService:
 
     def open_realtime(self, handle: RealtimeHandle) -> None:
         self.realtime.add(handle)
-        self._realtime_gauge.set(len(self.realtime))
+        self.metrics.realtime_sessions.set(len(self.realtime))
 
     def close_realtime(self, handle: RealtimeHandle) -> None:
         self.realtime.discard(handle)
-        self._realtime_gauge.set(len(self.realtime))
+        self.metrics.realtime_sessions.set(len(self.realtime))
 
     async def close_realtime_sessions(self) -> None:
         """The drain's last step: every open realtime session closes with 1012."""

@@ -8,7 +8,7 @@ from worker.api import audio, chat, errors, speech, system, transcription, voice
 from worker.api.gate import Gate
 from worker.api.limits import RequestLimits, max_prompt_bytes
 from worker.api.realtime import endpoint as realtime
-from worker.api.realtime.metrics import realtime_metrics
+from worker.api.realtime.metrics import RealtimeMetrics
 from worker.service import WorkerService
 
 
@@ -26,7 +26,7 @@ def create_app(service: WorkerService) -> FastAPI:
     errors.install(app)
     for module in (system, chat, speech, transcription, voices, realtime):
         app.include_router(module.router)
-    realtime_metrics(service)  # exported from the start, at zero
+    RealtimeMetrics(service.metrics).export_at_zero()
     token = service.settings.token.get_secret_value() if service.settings.token else None
     app.add_middleware(
         Gate,

@@ -37,26 +37,7 @@ from worker.service import Ticket, WorkerService
 router = APIRouter()
 
 
-def _model_type(service: WorkerService) -> str | None:
-    """The served checkpoint's ``model_type`` (read once)."""
-    if not hasattr(service, "_speech_model_type"):
-        import json
-
-        from planner.spec import resolve_model_dir
-
-        found = None
-        spec_path = getattr(service.engine, "spec_path", None)
-        if spec_path is not None:
-            try:
-                cfg = resolve_model_dir(service.spec, spec_path) / "config.json"
-                found = json.loads(cfg.read_text()).get("model_type")
-            except (OSError, ValueError):
-                found = None
-        service._speech_model_type = found  # type: ignore[attr-defined]
-    return service._speech_model_type  # type: ignore[attr-defined]
-
-
-async def _generation(
+async def speech_generation(
     service: WorkerService,
     text: str,
     voice_name: str,
@@ -64,7 +45,9 @@ async def _generation(
     language: str | None,
     param: str = "voice",
 ) -> GenerationRequest:
-    qwen3_tts = _model_type(service) == "qwen3_tts"
+    """The engine request that speaks ``text``: the voice resolved (built-in or cloned), and
+    Qwen3-TTS's instructions and language as its options message."""
+    qwen3_tts = service.model_type == "qwen3_tts"
     rate = VOICE_RATE_QWEN3_TTS if qwen3_tts else None
     voice, voice_audio, record = await resolve_voice_record(service, voice_name, param, rate=rate)
     messages: list[dict] = []
@@ -110,7 +93,9 @@ async def speech(request: Request) -> Response:
     session = session_of(request)
     ticket = service.admit(session)
     try:
-        gen = await _generation(service, body.input, body.voice, body.instructions, body.language)
+        gen = await speech_generation(
+            service, body.input, body.voice, body.instructions, body.language
+        )
     except BaseException:
         ticket.release()
         raise
@@ -165,7 +150,7 @@ async def speech_batch(request: Request) -> Response:
                 f"inputs.{i}.voice",
             )  # fmt: skip
         gens.append(
-            await _generation(
+            await speech_generation(
                 service,
                 item.input,
                 voice,

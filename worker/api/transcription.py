@@ -76,7 +76,7 @@ async def transcriptions(request: Request) -> Response:
     )
     if clip.size == 0 or not np.isfinite(clip).all():
         raise OmniError(400, ErrorCode.INVALID_AUDIO, "audio has no samples", "file")
-    asr = _model_type(service) == "qwen3_asr"
+    asr = service.model_type == "qwen3_asr"
     if asr:
         opts = {"role": "asr_options", "language": body.language, "prompt": body.prompt}
         if words:
@@ -144,12 +144,6 @@ _GRANULARITY_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
 _SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
-def _model_type(service) -> str | None:
-    from worker.api.speech import _model_type as model_type
-
-    return model_type(service)
-
-
 def _check_granularities(service, body: TranscriptionForm, granularities: list[str]) -> bool:
     """Whether word timestamps are wanted; every other use of the field is a clear 400."""
     param = "timestamp_granularities"
@@ -171,9 +165,7 @@ def _check_granularities(service, body: TranscriptionForm, granularities: list[s
             400, ErrorCode.INVALID_REQUEST, "word timestamps are not streamed; drop stream", param
         )
     stages = service.spec.stages.values()
-    if _model_type(service) != "qwen3_asr" or not any(
-        s.executor == Executor.ENCODER for s in stages
-    ):
+    if service.model_type != "qwen3_asr" or not any(s.executor == Executor.ENCODER for s in stages):
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST,
             f"model {service.spec.name!r} has no forced aligner: word timestamps need a spec "

@@ -28,7 +28,7 @@ from worker.api.gate import TOKEN_HEADER
 from worker.api.realtime import events as ev
 from worker.api.realtime.dialect import wants_beta
 from worker.api.realtime.errors import Close, Code, RealtimeError
-from worker.api.realtime.metrics import realtime_metrics
+from worker.api.realtime.metrics import RealtimeMetrics
 from worker.api.realtime.response import SessionClosed
 from worker.api.realtime.session import RealtimeSession
 from worker.service import WorkerService
@@ -153,7 +153,7 @@ async def realtime(websocket: WebSocket) -> None:
     try:
         model, session_id = _admit(websocket, service)
     except RealtimeError as exc:
-        metrics = realtime_metrics(service)
+        metrics = RealtimeMetrics(service.metrics)
         metrics.error(exc.code.value)
         metrics.closed(_close_code(exc))
         with contextlib.suppress(Exception):

@@ -13,7 +13,7 @@ from worker.api.realtime.conversation import Conversation, check_text, item_from
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.events import ResponseIn
 from worker.api.realtime.response import ResponsePlan
-from worker.api.speech import _generation as speech_request
+from worker.api.speech import speech_generation
 from worker.api.voices import resolve_voice
 from worker.engine import GenerationRequest, RequestKind
 from worker.service import WorkerService
@@ -91,7 +91,7 @@ async def plan_response(session: RealtimeSession, given: ResponseIn) -> Response
                 "session.audio.output.voice",
             )
         try:
-            plan.request = await speech_request(service, text, voice, instructions or None, None)
+            plan.request = await speech_generation(service, text, voice, instructions or None, None)
         except OmniError as exc:
             raise RealtimeError.from_omni(exc) from exc
         plan.request.max_tokens = limit

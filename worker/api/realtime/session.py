@@ -32,7 +32,7 @@ from worker.api.realtime.conversation import (
 from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_input, ms
-from worker.api.realtime.metrics import realtime_metrics
+from worker.api.realtime.metrics import RealtimeMetrics
 from worker.api.realtime.planning import plan_response
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
@@ -63,7 +63,7 @@ class RealtimeSession:
         self.beta = beta
         self._send_text = send_text
         self._lock = asyncio.Lock()
-        self.metrics = realtime_metrics(service)
+        self.metrics = RealtimeMetrics(service.metrics)
         self.closed = False
         settings = service.settings
         self.store = store
