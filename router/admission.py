@@ -8,6 +8,21 @@ from router.metrics import PolicyOutcome
 from router.view import FleetView, WorkerState
 
 
+class Rejected(OmniError):
+    """A request the fleet cannot take, with the policy outcome the router counts it under."""
+
+    def __init__(
+        self,
+        status: int,
+        code: ErrorCode,
+        message: str,
+        outcome: PolicyOutcome,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(status, code, message, param)
+        self.outcome = outcome
+
+
 class Admission:
     """Filters the fleet view per request. Capability and routability results are cached per
     view version (any membership, status or health change bumps it); capacity is checked live."""
@@ -33,10 +48,10 @@ class Admission:
         return found
 
     def admit(self, c: Classified, in_flight: int) -> tuple[list[WorkerState], list[WorkerState]]:
-        """(capable workers, those with capacity left); raises an ``OmniError`` with the
-        policy outcome in ``outcome`` when the request cannot be admitted."""
+        """(capable workers, those with capacity left); raises ``Rejected`` when the request
+        cannot be admitted."""
         if in_flight >= self.max_in_flight:
-            raise _rejected(
+            raise Rejected(
                 429,
                 ErrorCode.RATE_LIMITED,
                 f"router is at its in-flight limit ({self.max_in_flight})",
@@ -47,7 +62,7 @@ class Admission:
             raise self._why_none(c)
         open_ = [w for w in capable if w.has_capacity()]
         if not open_:
-            raise _rejected(
+            raise Rejected(
                 429,
                 ErrorCode.OVERLOADED,
                 f"all {len(capable)} eligible workers are at capacity",
@@ -55,12 +70,12 @@ class Admission:
             )
         return capable, open_
 
-    def _why_none(self, c: Classified) -> OmniError:
+    def _why_none(self, c: Classified) -> Rejected:
         workers = list(self.view.workers.values())
         if c.model is not None:
             known = self.view.known_models()
             if known is not None and c.model not in known:
-                return _rejected(
+                return Rejected(
                     404,
                     ErrorCode.MODEL_NOT_FOUND,
                     f"model {c.model!r} is not served by this fleet"
@@ -78,7 +93,7 @@ class Admission:
             capable = [w for w in with_endpoint if _modalities_ok(w, c)]
             if not with_endpoint:
                 # not a passing state: no registered worker of any status offers it
-                return _rejected(
+                return Rejected(
                     404,
                     ErrorCode.ENDPOINT_NOT_SERVED,
                     f"no worker serves endpoint {c.endpoint.value!r}" + _for_model(c),
@@ -93,7 +108,7 @@ class Admission:
                 reason = f"no routable worker{_for_model(c)}: {len(capable)} capable, " + ", ".join(
                     states
                 )
-        return _rejected(503, ErrorCode.NO_ELIGIBLE_WORKER, reason, PolicyOutcome.NO_ELIGIBLE)
+        return Rejected(503, ErrorCode.NO_ELIGIBLE_WORKER, reason, PolicyOutcome.NO_ELIGIBLE)
 
 
 def _serves(w: WorkerState, c: Classified) -> bool:
@@ -124,11 +139,3 @@ def _state(w: WorkerState) -> str:
     if not w.health.healthy:
         return "failing health probes"
     return f"circuit {w.health.breaker.value}"
-
-
-def _rejected(
-    status: int, code: ErrorCode, message: str, outcome: PolicyOutcome, param: str | None = None
-) -> OmniError:
-    err = OmniError(status, code, message, param)
-    err.outcome = outcome  # type: ignore[attr-defined]
-    return err

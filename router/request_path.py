@@ -18,7 +18,7 @@ from urllib.parse import parse_qs
 from fleet.api_keys import API_KEY_ID_HEADER, api_key_id
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint
-from router.admission import Admission
+from router.admission import Admission, Rejected
 from router.affinity import Affinity
 from router.auth import ClientAuth
 from router.classify import (
@@ -223,10 +223,11 @@ class RequestPath:
             if session is not None:
                 c.session_key = check_session_key(session.decode("latin-1"))
             return self.admission.admit(c, self.in_flight)
-        except OmniError as exc:
-            outcome = getattr(exc, "outcome", None)
-            if outcome is not None:
-                self.metrics.policy[outcome.value] += 1
+        except Rejected as exc:
+            self.metrics.policy[exc.outcome.value] += 1
+            self.fail(client, exc)
+            return None
+        except OmniError as exc:  # a malformed session key
             self.fail(client, exc)
             return None
 
@@ -371,7 +372,7 @@ class RequestPath:
     def _retry_target(self, d: Dispatch) -> WorkerState | None:
         try:
             _, open_ = self.admission.admit(d.c, 0)
-        except OmniError:
+        except Rejected:
             return None
         rest = [w for w in open_ if w.id not in d.tried]
         return self.choose(rest, d.c.stage_class, d.c.session_key) if rest else None
