@@ -62,7 +62,10 @@ class StreamEncoder:
         # Ogg would hold pages back for a second: short pages so a streamed opus flows.
         options = {"page_duration": "20000"} if container == "ogg" else {}
         self.out = av.open(self.sink, "w", format=container, options=options)
-        self.stream = self.out.add_stream(codec, rate=out_rate, layout="mono")
+        stream = self.out.add_stream(codec, rate=out_rate, layout="mono")
+        # add_stream is annotated for any codec name; every codec in ENCODED is an audio one
+        assert isinstance(stream, av.AudioStream)
+        self.stream = stream
         self.rate = rate
         self.resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
         self.pts = 0

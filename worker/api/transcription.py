@@ -11,6 +11,8 @@ language is the clips' detected languages in order ("Chinese,English"), or the h
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request
@@ -78,7 +80,11 @@ async def transcriptions(request: Request) -> Response:
         raise OmniError(400, ErrorCode.INVALID_AUDIO, "audio has no samples", "file")
     asr = service.model_type == "qwen3_asr"
     if asr:
-        opts = {"role": "asr_options", "language": body.language, "prompt": body.prompt}
+        opts: dict[str, Any] = {
+            "role": "asr_options",
+            "language": body.language,
+            "prompt": body.prompt,
+        }
         if words:
             opts["timestamps"] = True
         messages = [opts]

@@ -30,7 +30,7 @@ def decode_video(raw: bytes, param: str) -> Video:
     import av
 
     try:
-        container = av.open(io.BytesIO(raw))
+        container = av.open(io.BytesIO(raw), mode="r")
     except (av.error.FFmpegError, ValueError, OSError):
         raise bad("video cannot be decoded", param) from None
     with container:

@@ -63,11 +63,14 @@ def parameters_on_meta() -> Iterator[None]:
 
     register = torch.nn.Module.register_parameter
 
-    def register_on_meta(module: Any, name: str, param: Any) -> None:
-        register(module, name, param)
-        if param is not None and param.device.type != "meta":
-            kind = type(module._parameters[name])
-            module._parameters[name] = kind(param.to("meta"), requires_grad=param.requires_grad)
+    def register_on_meta(
+        self: torch.nn.Module, name: str, param: torch.nn.Parameter | None
+    ) -> None:
+        register(self, name, param)
+        registered = self._parameters[name]
+        if param is not None and registered is not None and param.device.type != "meta":
+            kind = type(registered)
+            self._parameters[name] = kind(param.to("meta"), requires_grad=param.requires_grad)
 
     torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
     try:
@@ -143,7 +146,11 @@ def load_stage_module(
     state = {name: handles[file].get_slice(name) for name, file in mine.items()}
     elements = sum(math.prod(s.get_shape()) for s in state.values())
     load_config = LoadStateDictConfig(
-        dtype=torch_dtype, weight_mapping=mapping, device_map={"": device}
+        dtype=torch_dtype,
+        # transformers annotates weight_mapping narrower than get_model_conversion_mapping's
+        # list[WeightTransform], which its own from_pretrained passes here as well
+        weight_mapping=mapping,  # type: ignore[arg-type]
+        device_map={"": device},
     )
     convert_and_load_state_dict_in_model(model=whole, state_dict=state, load_config=load_config)
     module = _cut(whole, component)

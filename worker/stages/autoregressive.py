@@ -15,6 +15,7 @@ and hidden states if asked).
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,15 +212,20 @@ class AutoregressiveExecutor(StageExecutor):
         return self.embed.weight.new_zeros(1, 1, self.embed.weight.shape[1])
 
 
-class Program:
+class Program(ABC):
+    """What one kind of autoregressive request does around the shared batched decode."""
+
     def __init__(self, ex: AutoregressiveExecutor) -> None:
         self.ex = ex
 
+    @abstractmethod
     def new(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> ARRequest: ...
     def feed(self, r: ARRequest, data: Any) -> None:
         raise RuntimeError("no stream input expected")
 
+    @abstractmethod
     def prefill_embeds(self, r: ARRequest) -> Any: ...
+    @abstractmethod
     def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]: ...
     def ready(self, r: ARRequest) -> bool:
         return True
@@ -230,7 +236,9 @@ class Program:
     def finish(self, r: ARRequest) -> list[Output]:
         return []
 
+    @abstractmethod
     def step_embeds(self, r: ARRequest) -> Any: ...
+    @abstractmethod
     def on_token(self, r: ARRequest, token: int, hidden: Any) -> list[Output]: ...
 
 

@@ -160,7 +160,7 @@ class BatchQueue:
     def __init__(self, max_batch_size: int, window_ms: float) -> None:
         self.max_batch_size = max_batch_size
         self.window = window_ms / 1000.0
-        self.items: list[tuple[float, str, Any]] = []  # (enqueued at, rid, item)
+        self.items: list[tuple[float, str, tuple[Any, int]]] = []  # (enqueued, rid, (item, weight))
 
     def put(self, rid: str, item: Any, weight: int = 1) -> None:
         self.items.append((time.monotonic(), rid, (item, weight)))
@@ -177,7 +177,8 @@ class BatchQueue:
 
     def take(self) -> list[tuple[str, Any]]:
         """The next batch: items in order until their weights reach max_batch_size (>= 1 item)."""
-        batch, total = [], 0
+        batch: list[tuple[str, Any]] = []
+        total = 0
         while self.items:
             _, rid, (item, w) = self.items[0]
             if batch and total + w > self.max_batch_size:

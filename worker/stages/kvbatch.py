@@ -11,7 +11,7 @@ The join/leave copies cost O(cache) once per request, decode steps append one co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -57,6 +57,24 @@ class KVBatch:
             layer.values = layer.values.index_select(0, idx)[:, :, first:].contiguous()
         self.rids = [self.rids[i] for i in keep]
 
+    @overload
+    def step(
+        self,
+        model: Any,
+        embeds: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        want_hidden: Literal[True],
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def step(
+        self,
+        model: Any,
+        embeds: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
     def step(
         self,
         model: Any,

@@ -19,6 +19,7 @@ def make_executor(ctx: StageContext) -> StageExecutor:
     if family is not None:
         return family.make_executor(ctx)
     kind = ctx.stage.executor
+    cls: type[StageExecutor]
     if kind == Executor.PREPROCESS:
         from worker.stages.preprocess import PreprocessExecutor as cls
     elif kind == Executor.AUTOREGRESSIVE:

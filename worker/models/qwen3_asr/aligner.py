@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.models.tokens import token_text
+
 TIMESTAMP = "<timestamp>"
 AUDIO_PROMPT = "<|audio_start|><|audio_pad|><|audio_end|>"
 ALIGNER_DIR = "forced_aligner"  # where a served checkpoint keeps its aligner (component dir)
@@ -96,21 +98,19 @@ def repair_order(times: list[float]) -> list[int]:
             j += 1
         left = next((out[k] for k in range(i - 1, -1, -1) if normal[k]), None)
         right = next((out[k] for k in range(j, n) if normal[k]), None)
-        if j - i <= 2:
-            for k in range(i, j):
-                if left is None:
-                    out[k] = right
-                elif right is None:
-                    out[k] = left
-                else:
+        if left is not None and right is not None:
+            if j - i <= 2:  # a short run takes its nearer neighbour's time
+                for k in range(i, j):
                     out[k] = left if (k - (i - 1)) <= (j - k) else right
-        elif left is not None and right is not None:
-            step = (right - left) / (j - i + 1)
-            for k in range(i, j):
-                out[k] = left + step * (k - i + 1)
-        elif left is not None or right is not None:
-            for k in range(i, j):
-                out[k] = left if left is not None else right
+            else:
+                step = (right - left) / (j - i + 1)
+                for k in range(i, j):
+                    out[k] = left + step * (k - i + 1)
+        else:  # at an end: the one neighbour's time (the kept times are never empty)
+            edge = left if left is not None else right
+            if edge is not None:
+                for k in range(i, j):
+                    out[k] = edge
         i = j
     return [int(t) for t in out]
 
@@ -127,7 +127,7 @@ class ForcedAligner:
         self.features = WhisperFeatureExtractor.from_pretrained(checkpoint)
         tc = self.config["thinker_config"]
         self.audio_id = tc["audio_token_id"]
-        self.audio_token = self.tokenizer.convert_ids_to_tokens(self.audio_id)
+        self.audio_token = token_text(self.tokenizer, self.audio_id)
         self.timestamp_id = int(self.config["timestamp_token_id"])
         self.slot_ms = float(self.config["timestamp_segment_time"])
 
@@ -150,7 +150,7 @@ class ForcedAligner:
         f = self.features(
             [wav for wav, _, _ in clips],
             sampling_rate=16_000,
-            padding=True,
+            padding="longest",  # what padding=True means; Whisper's __call__ is typed str
             truncation=False,
             return_attention_mask=True,
             return_tensors="pt",

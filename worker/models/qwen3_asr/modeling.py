@@ -84,6 +84,8 @@ def _sinusoids(length: int, channels: int) -> torch.Tensor:
 class AudioEncoder(nn.Module):
     """``thinker.audio_tower``."""
 
+    positions: torch.Tensor  # a registered buffer (not saved)
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         d = cfg["d_model"]

@@ -13,8 +13,11 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from worker.models.tokens import chat_text, decoded_text, token_text
 
 RATE = 16_000
 MAX_CLIP_SECONDS = 1200.0  # the package's MAX_ASR_INPUT_SECONDS
@@ -132,7 +135,7 @@ class ASRProcessor:
             ]
         self.features = WhisperFeatureExtractor.from_pretrained(checkpoint)
         tc = self.config["thinker_config"]
-        self.audio_token = self.tokenizer.convert_ids_to_tokens(tc["audio_token_id"])
+        self.audio_token = token_text(self.tokenizer, tc["audio_token_id"])
         self.languages = {
             str(x).lower(): str(x) for x in self.config.get("support_languages") or []
         }
@@ -170,7 +173,7 @@ class ASRProcessor:
             f = self.features(
                 [p for p, _ in batch],
                 sampling_rate=RATE,
-                padding=True,
+                padding="longest",  # what padding=True means; Whisper's __call__ is typed str
                 truncation=False,
                 return_attention_mask=True,
                 return_tensors="pt",
@@ -187,18 +190,18 @@ class ASRProcessor:
         return out
 
     def prompt(self, context: str, language: str | None) -> str:
-        msgs = [
+        msgs: list[dict[str, Any]] = [
             {"role": "system", "content": context or ""},
             {"role": "user", "content": [{"type": "audio", "audio": ""}]},
         ]
-        text = self.tokenizer.apply_chat_template(
-            msgs, chat_template=self.template, add_generation_prompt=True, tokenize=False
+        text = chat_text(
+            self.tokenizer, msgs, chat_template=self.template, add_generation_prompt=True
         )
         return text + f"language {language}{ASR_TAG}" if language else text
 
     def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(
-            tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        return decoded_text(
+            self.tokenizer, tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
 
     @staticmethod

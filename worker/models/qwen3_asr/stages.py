@@ -20,6 +20,7 @@ from worker.models.qwen3_asr.processor import (
     MIN_CLIP_SECONDS,
     PAUSE_SEARCH_SECONDS,
 )
+from worker.models.tokens import token_id
 from worker.stages.base import (
     DONE,
     FINAL,
@@ -83,7 +84,7 @@ class ASRExecutor(StageExecutor):
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=self.ctx.stage.component)
         self.model = model.eval()
         self.processor = ASRProcessor(ck)
-        self.eos = set(EOS) | {self.processor.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        self.eos = set(EOS) | {token_id(self.processor.tokenizer, "<|im_end|>")}
         self.max_new = self.ctx.stage.engine.max_new_tokens
         self.max_running = self.ctx.max_running_requests
         self.audio_id = config["thinker_config"]["audio_token_id"]
@@ -127,7 +128,8 @@ class ASRExecutor(StageExecutor):
         audio = req.get("audio")
         if audio is None or len(audio) == 0:
             return [(INVALID, rid, f"{self.ctx.name}: transcription without audio")]
-        opts = next((m for m in req.get("messages") or [] if m.get("role") == OPTIONS_ROLE), {})
+        messages = req.get("messages") or []
+        opts: dict[str, Any] = next((m for m in messages if m.get("role") == OPTIONS_ROLE), {})
         try:
             language = self.processor.language(opts.get("language"))
         except ValueError as exc:
@@ -271,7 +273,8 @@ class AlignerExecutor(RequestPreprocessor):
         self.aligner.align([(wav, "warm up", 0.0)], self.ctx.device)
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, meta, next(iter(inputs.values()), None) or {}))
+        first: dict[str, Any] | None = next(iter(inputs.values()), None)
+        self.pending.append((rid, meta, first or {}))
 
     def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
         clips = [(w, t, float(o)) for w, t, o in request.get("clips") or []]

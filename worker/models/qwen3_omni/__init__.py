@@ -17,6 +17,7 @@ MODEL_TYPE = "qwen3_omni_moe"
 
 def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor
+    cls: type[StageExecutor]
     module = ctx.stage.component.module if ctx.stage.component else ""
     if kind == Executor.PREPROCESS:
         from worker.models.qwen3_omni.preprocess import OmniPreprocess as cls

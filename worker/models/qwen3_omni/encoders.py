@@ -50,7 +50,8 @@ class _Encoder(StageExecutor):
     def step(self) -> list[Output]:
         outs: list[Output] = [(FINAL, rid, {}) for rid in self.empty]
         self.empty = []
-        if self.queue.deadline() is not None and self.queue.deadline() <= _now():
+        deadline = self.queue.deadline()
+        if deadline is not None and deadline <= _now():
             batch = self.queue.take()
             with self.torch.inference_mode():
                 outs += self._encode(batch)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.models.tokens import chat_text, token_id
+
 AUDIO_RATE = 16_000
 
 
@@ -54,16 +56,17 @@ class OmniProcessor:
         self.audio_tokens = official._get_feat_extract_output_lengths
         self.n_window = official.Qwen3OmniMoeProcessor.n_window
         tok = self.tokenizer
-        self.audio_token = tok.convert_tokens_to_ids(tok.audio_token)
-        self.image_token = tok.convert_tokens_to_ids(tok.image_token)
-        self.video_token = tok.convert_tokens_to_ids(tok.video_token)
+        self.audio_token = token_id(tok, tok.audio_token)
+        self.image_token = token_id(tok, tok.image_token)
+        self.video_token = token_id(tok, tok.video_token)
         # Qwen3OmniMoeProcessor's own video sizes (min and max pixels per frame)
-        self.video_size = official.Qwen3OmniMoeProcessor.videos_kwargs["size"]
+        video_size = official.Qwen3OmniMoeProcessor.videos_kwargs["size"]
+        if not isinstance(video_size, dict):
+            raise TypeError(f"Qwen3OmniMoeProcessor's video size is {video_size!r}, not a dict")
+        self.video_size: dict[str, int] = video_size
 
     def chat_text(self, messages: list[dict[str, Any]]) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return chat_text(self.tokenizer, messages, add_generation_prompt=True)
 
     def prepare(self, messages: list[dict[str, Any]]) -> Prepared:
         """Messages whose content is a string or a list of parts: ``text``, ``audio`` (float32 at
@@ -77,7 +80,7 @@ class OmniProcessor:
             feats = self.features(
                 [np.asarray(c, dtype=np.float32) for c in clips],
                 sampling_rate=AUDIO_RATE,
-                padding=True,
+                padding="longest",  # what padding=True means; Whisper's __call__ is typed str
                 truncation=False,
                 return_attention_mask=True,
                 return_tensors="np",

@@ -175,11 +175,12 @@ class ThinkerExecutor(StageExecutor):
         frames in prompt order), added to the first decoder layers' hidden states."""
         torch = self.torch
         image, video = p.get("image_deepstack"), p.get("video_deepstack")
-        if image is None and video is None:
+        present = [d for d in (image, video) if d is not None]
+        if not present:
             return None, None
         visual = image_mask | video_mask
         layers = []
-        for i in range(len(image if image is not None else video)):
+        for i in range(len(present[0])):
             joint = torch.zeros(
                 int(visual.sum()), self.embed.weight.shape[1], dtype=dtype, device=visual.device
             )

@@ -75,14 +75,26 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     tokenizer and processor files."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeTalkerConfig,
+        Qwen3OmniMoeTalkerTextConfig,
+    )
 
     config = Qwen3OmniMoeConfig.from_pretrained(config_dir)
+    # Sub-configs are annotated as the constructors take them (dict, config or None); a built
+    # config holds config objects and the talker's speaker table.
+    talker_config = config.talker_config
+    assert isinstance(talker_config, Qwen3OmniMoeTalkerConfig)
+    talker_text = talker_config.text_config
+    assert isinstance(talker_text, Qwen3OmniMoeTalkerTextConfig)
+    speakers = talker_config.speaker_id
+    assert speakers is not None
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-    _initialise_talker_experts(model.talker, config.talker_config.text_config.initializer_range)
+    _initialise_talker_experts(model.talker, talker_text.initializer_range)
     _calibrate_code2wav(model.code2wav)
     _printable_thinker(model.thinker.lm_head, config.im_end_token_id)
-    _distinct_speakers(model.talker, config.talker_config.speaker_id.values())
+    _distinct_speakers(model.talker, speakers.values())
     # Small shards: the tiny checkpoint goes through the index like a 35 B one does.
     model.save_pretrained(out, max_shard_size="1MB")
     build_tokenizer(out)

@@ -15,6 +15,7 @@ from worker.stages.base import StageContext, StageExecutor  # noqa: E402
 
 def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor
+    cls: type[StageExecutor]
     if kind == Executor.PREPROCESS:
         from worker.models.qwen3_tts.stages import TTSPreprocess as cls
     elif kind == Executor.AUTOREGRESSIVE:

@@ -121,6 +121,14 @@ class _RVQLayers(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
 
+    def tables(self) -> list[torch.Tensor]:
+        """Each layer's codebook vectors, in layer order."""
+        tables = []
+        for vq in self.layers:
+            assert isinstance(vq, _VQ)  # ModuleList yields plain Modules; it only holds _VQs
+            tables.append(vq._codebook.table())
+        return tables
+
 
 class RVQ(nn.Module):
     def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
@@ -133,9 +141,10 @@ class RVQ(nn.Module):
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes (B, n, T) -> (B, io_dim, T)."""
-        total = 0
-        for i, layer in enumerate(self.vq.layers):
-            total = total + F.embedding(codes[:, i], layer._codebook.table())
+        tables = self.vq.tables()
+        total = F.embedding(codes[:, 0], tables[0])
+        for i, table in enumerate(tables[1:], start=1):
+            total = total + F.embedding(codes[:, i], table)
         return self.output_proj(total.transpose(1, 2))
 
 
@@ -218,8 +227,9 @@ class SpeechDecoder(nn.Module):
         self.quantizer = SplitRVQ(cfg["num_quantizers"], cfg["codebook_size"], cfg["codebook_dim"])
         self.pre_conv = CausalConv(cfg["codebook_dim"], cfg["latent_dim"], 3)
         latent = cfg["latent_dim"]
+        # Sequential: the same ``upsample.I.J`` names as a list of lists, applied in order
         self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalTransConv(latent, latent, f, f), ConvNeXtBlock(latent)])
+            nn.Sequential(CausalTransConv(latent, latent, f, f), ConvNeXtBlock(latent))
             for f in cfg["upsampling_ratios"]
         )
         dim = cfg["decoder_dim"]
@@ -235,8 +245,7 @@ class SpeechDecoder(nn.Module):
         h = self.pre_conv(h).transpose(1, 2)
         h = self.pre_transformer(h).transpose(1, 2)
         for blocks in self.upsample:
-            for block in blocks:
-                h = block(h)
+            h = blocks(h)
         for block in self.decoder:
             h = block(h)
         return h.clamp(-1, 1)
@@ -274,6 +283,8 @@ class SpeechTokenizer(nn.Module):
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes (T, groups) of one utterance -> float waveform (T * 1920,)."""
+        if self.decoder is None:
+            raise RuntimeError("this speech tokenizer was loaded without its decoder")
         wav = self.decoder.chunked(codes.T[None].clamp(min=0))
         return wav[0, 0, : codes.shape[0] * self.upsample]
 

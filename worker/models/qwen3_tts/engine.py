@@ -199,6 +199,12 @@ class TalkerRequest:
     frames: int = 0
     done: bool = False
 
+    def prefilled(self) -> tuple[KVCache, torch.Tensor]:
+        """The cache and last hidden state that ``TalkerEngine.prefill`` left."""
+        if self.cache is None or self.hidden is None:
+            raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
+        return self.cache, self.hidden
+
 
 class TalkerEngine:
     """Runs many requests' talker steps as one batch."""
@@ -251,7 +257,8 @@ class TalkerEngine:
         t = self.talker
         dev = t.codec_head.weight.device
         first = torch.tensor([r.token for r in reqs], device=dev)
-        hidden = torch.cat([r.hidden for r in reqs], dim=0)
+        states = [r.prefilled() for r in reqs]
+        hidden = torch.cat([h for _, h in states], dim=0)
         first_e = t.codec_embed(first)[:, None]
         rest = t.code_predictor.predict(hidden, first_e)
         frames = torch.cat([first[:, None], rest], dim=1)
@@ -262,7 +269,7 @@ class TalkerEngine:
             adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
             r.frames += 1
         x = x + torch.stack(adds, dim=0)
-        h = t.model.step(x, [r.cache for r in reqs])
+        h = t.model.step(x, [cache for cache, _ in states])
         for i, r in enumerate(reqs):
             r.hidden = h[i : i + 1]
         self._advance(reqs, t.codec_head(h[:, -1]))

@@ -85,11 +85,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
         self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
         self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
         if qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, mask, cache: list | None):
         """x (B, T, H); cache: [k, v] of this layer (B, kvh, S, d) or None; mask (B, 1, T, S+T)
@@ -99,7 +99,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
         k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
         v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
         if cache is not None:
@@ -185,8 +185,8 @@ class Decoder(nn.Module):
         cos, sin = rope_cos_sin(pos, self.s.head_dim, self.s.rope_theta, x.dtype)
         if b == 1:
             mask = None
-            for layer, c in zip(self.layers, caches[0].layers, strict=True):
-                x = layer(x, cos, sin, mask, c)
+            for layer, layer_cache in zip(self.layers, caches[0].layers, strict=True):
+                x = layer(x, cos, sin, mask, layer_cache)
             return self.norm(x)
         # Left-pad every cache to the longest, attend over padding + own keys + the new one.
         keep = torch.zeros(b, 1, 1, longest + 1, dtype=x.dtype, device=x.device)
@@ -251,10 +251,9 @@ class CodePredictor(nn.Module):
             nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
             for _ in range(self.groups - 1)
         )
+        self.small_to_mtp_projection: nn.Linear | None = None
         if cfg["hidden_size"] != talker_hidden:
             self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg["hidden_size"], bias=True)
-        else:
-            self.small_to_mtp_projection = None
 
     def _proj(self, x):
         return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
@@ -337,10 +336,9 @@ class Res2NetBlock(nn.Module):
     def forward(self, x):
         parts = torch.chunk(x, self.scale, dim=1)
         outs = [parts[0]]
-        prev = None
         for i in range(1, self.scale):
-            prev = self.blocks[i - 1](parts[i] if i == 1 else parts[i] + prev)
-            outs.append(prev)
+            # Each split after the first also takes the previous split's output.
+            outs.append(self.blocks[i - 1](parts[i] if i == 1 else parts[i] + outs[-1]))
         return torch.cat(outs, dim=1)
 
 
@@ -469,10 +467,9 @@ class Qwen3TTSModel(nn.Module):
         super().__init__()
         self.config = config
         self.talker = Talker(config["talker_config"])
+        self.speaker_encoder: SpeakerEncoder | None = None
         if config.get("tts_model_type") == "base":
             self.speaker_encoder = SpeakerEncoder(config.get("speaker_encoder_config") or {})
-        else:
-            self.speaker_encoder = None
 
 
 def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:

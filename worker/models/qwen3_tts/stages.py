@@ -71,6 +71,7 @@ class TTSPreprocess(RequestPreprocessor):
             st_dir = self.ctx.checkpoint / comp.config_dir
             cfg = json.loads((st_dir / "config.json").read_text())
             st = SpeechTokenizer(cfg, with_encoder=True, with_decoder=False)
+            assert st.encoder is not None  # built with_encoder
             load_stage_weights(
                 st.encoder,
                 self.ctx,
@@ -136,6 +137,8 @@ class TTSPreprocess(RequestPreprocessor):
         return out
 
     def _encode(self, wav: np.ndarray) -> np.ndarray:
+        if self.encoder is None:
+            raise RuntimeError(f"stage {self.ctx.name} has no speech tokenizer encoder")
         codes = self.encoder.encode(self.torch.from_numpy(wav).to(self.ctx.device))
         return codes.cpu().numpy().astype(np.int64)
 

@@ -83,6 +83,7 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
             else:
                 t.add_(torch.randn(t.shape, generator=gen) * 0.05)
         _calibrate(st, gen)
+    assert st.decoder is not None and st.encoder is not None  # built with both halves
     tensors = {"decoder." + k: v for k, v in st.decoder.state_dict().items()}
     tensors |= {"encoder." + _old_mimi_name(k): v for k, v in st.encoder.state_dict().items()}
     save_file({k: v.contiguous() for k, v in tensors.items()}, st_dir / "model.safetensors")
