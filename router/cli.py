@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         settings = CliApp.run(
-            RouterSettings, cli_settings_source=cli_source(RouterSettings, "omni-router", argv)
+            RouterSettings,
+            cli_args=argv,  # else CliApp.run parses sys.argv whatever the source was given
+            cli_settings_source=cli_source(RouterSettings, "omni-router", argv),
         )
     except ValidationError as exc:
         print(f"omni-router: invalid settings:\n{exc}", file=sys.stderr)
