@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.spec import ModelSpec, resolve_model_dir
+from worker.models.stage_weights import torch_dtype
 
 SEED_FILE = "seeded_weights.json"
 BUILDER_VERSION = "4"  # bump when the way weights are built changes
@@ -100,13 +101,8 @@ def model_class(component_dir: Path) -> Any:
 
 def load_component(root: Path, config_dir: str, module: str, dtype: str, device: str) -> Any:
     """from_pretrained on the component's directory, then the named submodule (eval mode)."""
-    import torch
-
     path = root / config_dir if config_dir else root
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype)
-    if torch_dtype is None:
-        raise ValueError(f"dtype {dtype!r} is not supported by the transformers executor")
-    model = model_class(path).from_pretrained(path, dtype=torch_dtype)
+    model = model_class(path).from_pretrained(path, dtype=torch_dtype(dtype))
     if module:
         model = model.get_submodule(module)
     return model.to(device).eval()

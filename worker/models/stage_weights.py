@@ -26,6 +26,15 @@ INDEX_FILE = "model.safetensors.index.json"
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a spec's ``dtype`` (bf16, fp16, fp32); a clear error for others."""
+    import torch
+
+    if str(name) not in TORCH_DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(TORCH_DTYPES)}")
+    return getattr(torch, TORCH_DTYPES[str(name)])
+
+
 class CheckpointError(ValueError):
     """The checkpoint directory lacks what the stage needs (a clear start-up failure)."""
 
@@ -79,13 +88,13 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def _skeleton(config_dir: Path, torch_dtype: Any) -> Any:
+def _skeleton(config_dir: Path, dtype: Any) -> Any:
     """The whole model from its config, every parameter on the meta device."""
     raw = json.loads((config_dir / "config.json").read_text())
     cls = model_class(raw, config_dir)
     config = cls.config_class.from_pretrained(config_dir)
     with parameters_on_meta():
-        return cls._from_config(config, dtype=torch_dtype)
+        return cls._from_config(config, dtype=dtype)
 
 
 def _cut(whole: Any, component: ComponentSpec) -> Any:
@@ -115,7 +124,6 @@ def load_stage_module(
     Checkpoints keep their published layout (Qwen3-Omni's per-expert MoE weights, its
     ``thinker.audio_tower`` names); transformers' own conversion mapping renames and fuses them
     into its modules, and tells which checkpoint tensors feed which module tensor."""
-    import torch
     from safetensors import safe_open
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import (
@@ -127,8 +135,8 @@ def load_stage_module(
     from transformers.modeling_utils import LoadStateDictConfig
 
     config_dir = model_dir / component.config_dir if component.config_dir else model_dir
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    whole = _skeleton(config_dir, torch_dtype)
+    dtype_of = torch_dtype(dtype)
+    whole = _skeleton(config_dir, dtype_of)
     mapping = get_model_conversion_mapping(whole)
     renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
     converters = [m for m in mapping if isinstance(m, WeightConverter)]
@@ -146,7 +154,7 @@ def load_stage_module(
     state = {name: handles[file].get_slice(name) for name, file in mine.items()}
     elements = sum(math.prod(s.get_shape()) for s in state.values())
     load_config = LoadStateDictConfig(
-        dtype=torch_dtype,
+        dtype=dtype_of,
         # transformers annotates weight_mapping narrower than get_model_conversion_mapping's
         # list[WeightTransform], which its own from_pretrained passes here as well
         weight_mapping=mapping,  # type: ignore[arg-type]
@@ -174,8 +182,8 @@ def random_stage_module(
     import torch
 
     config_dir = model_dir / component.config_dir if component.config_dir else model_dir
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    whole = _skeleton(config_dir, torch_dtype)
+    dtype_of = torch_dtype(dtype)
+    whole = _skeleton(config_dir, dtype_of)
     module = _cut(whole, component)
     gen = torch.Generator(device=device).manual_seed(seed)
     elements = 0
@@ -185,7 +193,7 @@ def random_stage_module(
             if p is None:
                 continue
             if id(p) not in replaced:
-                data = torch.empty(p.shape, dtype=torch_dtype, device=device)
+                data = torch.empty(p.shape, dtype=dtype_of, device=device)
                 data.normal_(0.0, 0.02, generator=gen)
                 replaced[id(p)] = torch.nn.Parameter(data, requires_grad=False)
                 elements += p.numel()

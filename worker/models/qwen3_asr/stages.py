@@ -20,6 +20,7 @@ from worker.models.qwen3_asr.processor import (
     MIN_CLIP_SECONDS,
     PAUSE_SEARCH_SECONDS,
 )
+from worker.models.stage_weights import torch_dtype
 from worker.models.tokens import token_id
 from worker.stages.base import (
     DONE,
@@ -78,9 +79,7 @@ class ASRExecutor(StageExecutor):
         config = json.loads((ck / "config.json").read_text())
         with torch.device("meta"):
             model = Qwen3ASRModel(config)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-            str(self.ctx.stage.dtype)
-        ]
+        dtype = torch_dtype(self.ctx.stage.dtype)
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=self.ctx.stage.component)
         self.model = model.eval()
         self.processor = ASRProcessor(ck)
@@ -260,9 +259,7 @@ class AlignerExecutor(RequestPreprocessor):
         ck = self.ctx.checkpoint / (comp.config_dir if comp and comp.config_dir else ALIGNER_DIR)
         with torch.device("meta"):
             model = Qwen3ASRModel(json.loads((ck / "config.json").read_text()))
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-            str(self.ctx.stage.dtype)
-        ]
+        dtype = torch_dtype(self.ctx.stage.dtype)
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=comp)
         self.aligner = ForcedAligner(model.eval(), ck)
 

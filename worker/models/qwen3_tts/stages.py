@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from worker.models.qwen3_tts.voice_cache import VoiceCache
+from worker.models.stage_weights import torch_dtype
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -46,12 +47,6 @@ def speech_options(messages: list[dict[str, Any]] | None) -> dict[str, Any]:
         if m.get("role") == OPTIONS_ROLE:
             return dict(m)
     return {}
-
-
-def _dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[str(name)]
 
 
 class TTSPreprocess(RequestPreprocessor):
@@ -78,7 +73,7 @@ class TTSPreprocess(RequestPreprocessor):
                 st_dir,
                 prefix="encoder.",
                 device=self.ctx.device,
-                dtype=_dtype(self.ctx.stage.dtype),
+                dtype=torch_dtype(self.ctx.stage.dtype),
                 component=comp,
                 rename=mimi_name,
             )
@@ -177,7 +172,7 @@ class TTSEngineExecutor(StageExecutor):
             self.ctx,
             ck,
             device=self.ctx.device,
-            dtype=_dtype(self.ctx.stage.dtype),
+            dtype=torch_dtype(self.ctx.stage.dtype),
             component=self.ctx.stage.component,
         )
         self.model = model.eval()
@@ -320,7 +315,7 @@ class TTSVocoderExecutor(StageExecutor):
             st_dir,
             prefix="decoder.",
             device=self.ctx.device,
-            dtype=_dtype(self.ctx.stage.dtype),
+            dtype=torch_dtype(self.ctx.stage.dtype),
             component=comp,
         )
         self.decoder = dec.eval()
