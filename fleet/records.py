@@ -52,6 +52,7 @@ class WorkerRecord(BaseModel):
     model: str  # spec name, e.g. "tiny-omni"
     served_models: list[str]  # names accepted in the request's "model" field
     capabilities: Capabilities = Field(default_factory=Capabilities)
+    voices: list[str] = Field(default_factory=list)  # built-in voices (uploaded ones: Redis)
     capacity: int = Field(64, ge=1, description="max concurrent requests the worker admits")
     status: WorkerStatus = WorkerStatus.STARTING
     plan_digest: str = ""
@@ -109,6 +110,8 @@ class VoiceRecord(BaseModel):
     # what is said in the audio (optional): Qwen3-TTS Base then clones from the reference codes
     # as well as the speaker embedding
     transcript: str = ""
+    # OpenAI's ``consent`` (the id of the speaker's recorded consent), kept with the voice
+    consent: str = ""
 
 
 PCM16_24K = "pcm16le-mono-24000"  # VoiceRecord.format of voices stored in the model's form

@@ -9,10 +9,12 @@ import os
 import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import orjson
 
 from fleet.errors import ErrorCode, OmniError
+from fleet.records import Endpoint, Modality
 from router.auth import ClientAuth
 from router.dashboard import Dashboard
 from router.discovery import Discovery
@@ -23,6 +25,49 @@ from router.metrics import Metrics
 from router.request_path import RequestPath
 from router.settings import RouterSettings
 from router.view import FleetView
+
+_ENDPOINTS = [e.value for e in Endpoint]
+_MODALITIES = [m.value for m in Modality]
+
+
+class _FleetModel:
+    """One model id as the fleet serves it: the union of what its workers advertise (a
+    rolling upgrade may briefly mix two builds), in the fixed vocabularies' order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.created: int | None = None
+        self.endpoints: set[str] = set()
+        self.inputs: set[str] = set()
+        self.outputs: set[str] = set()
+        self.streaming = False
+        self.voices: dict[str, None] = {}  # ordered as the first worker lists them
+
+    def add(self, created: object, caps: object, voices: object) -> None:
+        if isinstance(created, int) and (self.created is None or created < self.created):
+            self.created = created
+        if isinstance(caps, dict):
+            self.endpoints.update(caps.get("endpoints") or ())
+            self.inputs.update(caps.get("input_modalities") or ())
+            self.outputs.update(caps.get("output_modalities") or ())
+            self.streaming = self.streaming or caps.get("streaming") is True
+        if isinstance(voices, list):
+            self.voices.update(dict.fromkeys(str(v) for v in voices))
+
+    def json(self) -> dict:
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created or 0,
+            "owned_by": "omni-fleet",
+            "capabilities": {
+                "endpoints": [e for e in _ENDPOINTS if e in self.endpoints],
+                "input_modalities": [m for m in _MODALITIES if m in self.inputs],
+                "output_modalities": [m for m in _MODALITIES if m in self.outputs],
+                "streaming": self.streaming,
+            },
+            "voices": list(self.voices),
+        }
 
 
 class RouterParts(Protocol):
@@ -68,14 +113,14 @@ class Admin:
                 ),
                 200,
             )
-        elif path in (b"/diagnostics", b"/v1/models"):
+        elif path == b"/diagnostics" or path == b"/v1/models" or path.startswith(b"/v1/models/"):
             if not self.router.auth.accepts_request(req.headers):
                 self.router.auth.refuse(client)
                 return
             if path == b"/diagnostics":
                 client.respond(json_response(self.diagnostics(), 200, client.keep_alive), 200)
             else:
-                self.router.spawn(self.models(client))
+                self.router.spawn(self.models(client, path))
         elif (path == b"/dashboard" or path.startswith(b"/dashboard/")) and self.dashboard.handle(
             client, req, path
         ):
@@ -141,14 +186,20 @@ class Admin:
             },
         }
 
-    async def models(self, client: ClientConnection) -> None:
-        ids: dict[str, None] = {}
+    async def models(self, client: ClientConnection, path: bytes) -> None:
+        """/v1/models (or /v1/models/{id}): every model the fleet serves, each with what its
+        workers say of it (capabilities and built-in voices), merged over those workers."""
+        merged: dict[str, _FleetModel] = {}
         static = []
         for w in self.router.view.workers.values():
             if w.static:
                 static.append(w)
             elif w.record.status.value in ("ready", "draining"):
-                ids.update(dict.fromkeys(w.record.served_models))
+                r = w.record
+                for name in r.served_models:
+                    merged.setdefault(name, _FleetModel(name)).add(
+                        int(r.started_at), r.capabilities.model_dump(mode="json"), r.voices
+                    )
         results = await asyncio.gather(
             *(
                 http_get(
@@ -166,13 +217,23 @@ class Admin:
             if isinstance(result, tuple) and result[0] == 200:
                 with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
                     for item in orjson.loads(result[1]).get("data", []):
-                        ids[str(item["id"])] = None
-        doc = {
-            "object": "list",
-            "data": [
-                {"id": i, "object": "model", "created": 0, "owned_by": "omni-fleet"} for i in ids
-            ],
-        }
+                        name = str(item["id"])
+                        merged.setdefault(name, _FleetModel(name)).add(
+                            item.get("created"), item.get("capabilities"), item.get("voices")
+                        )
+        if path == b"/v1/models":
+            doc = {"object": "list", "data": [m.json() for m in merged.values()]}
+        else:
+            name = unquote(path[len(b"/v1/models/") :].decode("latin-1"))
+            if name not in merged:
+                self.router.requests.fail(
+                    client,
+                    OmniError(
+                        404, ErrorCode.MODEL_NOT_FOUND, f"no worker serves model {name!r}", "model"
+                    ),
+                )
+                return
+            doc = merged[name].json()
         client.respond(json_response(doc, 200, client.keep_alive), 200)
 
     def gauges(self) -> dict[str, float]:

@@ -35,7 +35,21 @@ _INPUT_PART_MODALITY = {
 }
 _TEXT_ONLY = frozenset({Modality.TEXT})
 _TEXT_AUDIO = frozenset({Modality.TEXT, Modality.AUDIO})
+_AUDIO_ONLY = frozenset({Modality.AUDIO})
+_NONE: frozenset[Modality] = frozenset()
 MAX_SESSION_KEY = 256
+
+# What each endpoint needs of a worker's advertised modalities, before the body says more
+# (a chat's parts and `modalities` add to it): speech is text in, audio out (a TTS worker
+# advertises exactly that); a transcription audio in, text out (an ASR worker); the voices
+# resource carries no model input or output at all (the endpoint is the capability).
+ENDPOINT_IO: dict[Endpoint, tuple[frozenset[Modality], frozenset[Modality]]] = {
+    Endpoint.CHAT: (_TEXT_ONLY, _TEXT_ONLY),
+    Endpoint.SPEECH: (_TEXT_ONLY, _AUDIO_ONLY),
+    Endpoint.TRANSCRIPTION: (_AUDIO_ONLY, _TEXT_ONLY),
+    Endpoint.VOICES: (_NONE, _NONE),
+    Endpoint.REALTIME: (_NONE, _NONE),
+}
 
 
 class StageClass:
@@ -54,6 +68,12 @@ class Classified:
     outputs: frozenset[Modality] = _TEXT_ONLY
     session_key: str | None = None
     stage_class: str = StageClass.TEXT
+
+
+def classify_plain(endpoint: Endpoint) -> Classified:
+    """A request whose body routing does not read (uploads, voices): the endpoint says it all."""
+    inputs, outputs = ENDPOINT_IO[endpoint]
+    return Classified(endpoint, inputs=inputs, outputs=outputs)
 
 
 def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
@@ -103,7 +123,7 @@ def classify_json(
         if isinstance(user, str) and user:
             out.session_key = check_session_key(user)
     if endpoint is Endpoint.SPEECH:
-        out.outputs = _TEXT_AUDIO
+        out.outputs = _AUDIO_ONLY
         out.stage_class = StageClass.SPEECH
         return out
     modalities = doc.get("modalities")

@@ -28,6 +28,7 @@ from router.classify import (
     StageClass,
     check_session_key,
     classify_json,
+    classify_plain,
     route_of,
 )
 from router.dispatch import Dispatch, retry_backoff
@@ -57,7 +58,6 @@ _METHODS = {
     Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
     Endpoint.REALTIME: frozenset({b"GET"}),
 }
-_ANY: frozenset = frozenset()  # a WebSocket upgrade names no modalities
 _WORKER_LOST_REASON = "worker connection lost; reconnect with the same session id to resume"
 Conn = TypeVar("Conn")
 AdminRoutes = Callable[[ClientConnection, Request, bytes], None]
@@ -144,7 +144,7 @@ class RequestPath:
                 err = OmniError(404, ErrorCode.ENDPOINT_NOT_SERVED, unserved)
                 self.fail(client, err)
                 return
-            client.route = "models" if path == b"/v1/models" else "admin"
+            client.route = "models" if path.startswith(b"/v1/models") else "admin"
             self.admin_routes(client, req, path)
             return
         endpoint, json_routed = route
@@ -179,7 +179,7 @@ class RequestPath:
                 self.fail(client, exc)
                 return
         else:
-            c = Classified(endpoint)
+            c = classify_plain(endpoint)
         admitted = self._admit(client, c, session)
         if admitted is None:
             return
@@ -531,7 +531,8 @@ class RequestPath:
         if session is None and "session_id" in params:  # a browser cannot set headers
             session = params["session_id"][0].encode("latin-1")
         # any worker that serves the endpoint (and the model asked for) takes the session
-        c = Classified(route[0], params.get("model", [None])[0], inputs=_ANY, outputs=_ANY)
+        c = classify_plain(route[0])
+        c.model = params.get("model", [None])[0]
         c.stage_class = StageClass.SPEECH
         admitted = self._admit(client, c, session)
         if admitted is None:

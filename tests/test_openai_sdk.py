@@ -37,8 +37,12 @@ def sdk(omni_fleet: Fleet) -> openai.OpenAI:
 
 
 def test_models(sdk: openai.OpenAI) -> None:
-    ids = [m.id for m in sdk.models.list().data]
-    assert ids == [MODEL]
+    """The router's list carries what the workers say of each model (voices, capabilities)."""
+    models = [m.model_dump() for m in sdk.models.list().data]
+    assert [m["id"] for m in models] == [MODEL]
+    assert VOICE in models[0]["voices"]
+    assert models[0]["capabilities"]["output_modalities"] == ["text", "audio"]
+    assert sdk.models.retrieve(MODEL).model_dump()["voices"] == models[0]["voices"]
 
 
 def test_chat_plain_and_streamed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:

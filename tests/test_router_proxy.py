@@ -23,9 +23,10 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def workers() -> Iterator[list[FakeWorker]]:
     ws = [
-        FakeWorker("w1", "--chunks", "5", "--chunk-delay-ms", "150"),
+        FakeWorker("w1", "--chunks", "5", "--chunk-delay-ms", "150", "--voices", "alloy"),
         FakeWorker("w2", "--chunks", "5", "--chunk-delay-ms", "150", "--model", "fake-model",
-                   "--model", "other-model"),
+                   "--model", "other-model", "--endpoints", "speech", "voices",
+                   "--outputs", "audio", "--voices", "alloy", "echo"),
     ]  # fmt: skip
     yield ws
     for w in ws:
@@ -96,8 +97,23 @@ def test_chunked_audio_passes_through_incrementally(router: Router) -> None:
 
 
 def test_models_are_merged_over_the_fleet(router: Router) -> None:
-    ids = {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=5).json()["data"]}
-    assert ids == {"fake-model", "other-model"}
+    """Each model with what its workers say of it: capabilities and voices, merged."""
+    data = httpx.get(router.url + "/v1/models", timeout=5).json()["data"]
+    models = {m["id"]: m for m in data}
+    assert set(models) == {"fake-model", "other-model"}
+    fake = models["fake-model"]
+    assert fake["voices"] == ["alloy", "echo"]  # union, in the order the workers list them
+    assert fake["capabilities"] == {
+        "endpoints": ["chat", "speech", "transcription", "voices", "realtime"],
+        "input_modalities": ["text", "audio"],
+        "output_modalities": ["text", "audio"],
+        "streaming": True,
+    }
+    assert models["other-model"]["capabilities"]["endpoints"] == ["speech", "voices"]
+    one = httpx.get(router.url + "/v1/models/other-model", timeout=5)
+    assert one.status_code == 200 and one.json() == models["other-model"]
+    missing = httpx.get(router.url + "/v1/models/nope", timeout=5)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
 def test_bad_inputs_get_4xx_and_never_mark_a_worker_unhealthy(router: Router) -> None:

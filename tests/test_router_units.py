@@ -12,7 +12,7 @@ from pydantic_settings import CliApp
 from fleet.errors import OmniError
 from fleet.records import Endpoint, LoadReport, Modality, WorkerRecord, WorkerStatus
 from router.admission import Admission
-from router.classify import StageClass, classify_json
+from router.classify import StageClass, classify_json, classify_plain
 from router.health import Breaker, HealthState
 from router.metrics import Metrics
 from router.policies import (
@@ -168,6 +168,44 @@ def test_admission_reasons() -> None:
     with pytest.raises(OmniError) as err:
         adm.admit(c, 2)
     assert err.value.status == 429
+
+
+def _family(worker_id: str, model: str, caps: dict) -> WorkerRecord:
+    return WorkerRecord.model_validate(
+        {"id": worker_id, "url": "http://127.0.0.1:9", "node": "n", "model": model,
+         "served_models": [model], "capabilities": caps, "status": "ready"}
+    )  # fmt: skip
+
+
+def test_every_family_is_admitted_for_the_endpoints_its_spec_advertises() -> None:
+    """A TTS worker advertises text in, audio out; an ASR worker audio in, text out: speech,
+    voices and transcriptions reach them (they were refused 503 no_eligible_worker)."""
+    view = FleetView(settings())
+    view.upsert(_family("tts", "tts", {"endpoints": ["speech", "voices", "realtime"],
+                "input_modalities": ["text"], "output_modalities": ["audio"]}))  # fmt: skip
+    view.upsert(_family("asr", "asr", {"endpoints": ["transcription"],
+                "input_modalities": ["audio"], "output_modalities": ["text"]}))  # fmt: skip
+    view.upsert(_family("omni", "omni", {"endpoints": ["chat", "speech", "transcription"],
+                "input_modalities": ["text", "audio", "image"],
+                "output_modalities": ["text", "audio"]}))  # fmt: skip
+    adm = Admission(view, max_in_flight=8, retry_after_s=1)
+
+    def served_by(c) -> set[str]:
+        return {w.id for w in adm.admit(c, 0)[0]}
+
+    speech = b'{"model":"tts","input":"hi","voice":"v"}'
+    c = classify_json(Endpoint.SPEECH, speech, b"application/json", True)
+    assert (c.inputs, c.outputs) == ({Modality.TEXT}, {Modality.AUDIO})
+    assert served_by(c) == {"tts"}
+    anonymous = classify_json(Endpoint.SPEECH, b'{"input":"x"}', b"application/json", True)
+    assert served_by(anonymous) == {"tts", "omni"}
+    assert served_by(classify_plain(Endpoint.VOICES)) == {"tts"}
+    assert served_by(classify_plain(Endpoint.TRANSCRIPTION)) == {"asr", "omni"}
+    # a chat asking for audio out still needs a worker with text out as well
+    chat = b'{"model":"tts","messages":[],"modalities":["text","audio"]}'
+    with pytest.raises(OmniError) as err:
+        adm.admit(classify_json(Endpoint.CHAT, chat, b"application/json", True), 0)
+    assert err.value.status == 404  # the TTS worker serves no chat
 
 
 def test_metrics_use_fixed_label_vocabularies() -> None:

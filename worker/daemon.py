@@ -116,7 +116,7 @@ def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
         plan.digest(),
         len(node_plan.replicas),
         len(node_plan.processes),
-        ", ".join(f"{p.name}[{'+'.join(s.stage for s in p.stages)}]@{p.device}"
+        ", ".join(f"{p.name}[{'+'.join(f'{s.stage}:{s.dtype}' for s in p.stages)}]@{p.device}"
                   for p in node_plan.processes),
     )  # fmt: skip
     return Planned(result.spec, result.spec_path, plan, node_plan)
@@ -253,6 +253,7 @@ class Daemon:
             model=planned.spec.name,
             served_models=planned.spec.served_models,
             capabilities=capabilities_of(planned.spec),
+            voices=service.engine.speakers(),
             capacity=settings.capacity,
             status=WorkerStatus.STARTING,
             plan_digest=planned.plan.digest(),

@@ -164,7 +164,9 @@ class Conn(asyncio.Protocol):
             w(response(200 if ok else 500, b'{"ok":true}' if ok else b'{"ok":false}'))
             return
         if path == "/v1/models":
-            data = [{"id": m, "object": "model", "owned_by": a.id} for m in a.model]
+            caps = make_record(s).capabilities.model_dump(mode="json")
+            data = [{"id": m, "object": "model", "owned_by": a.id, "capabilities": caps,
+                     "voices": a.voices} for m in a.model]  # fmt: skip
             w(response(200, orjson.dumps({"object": "list", "data": data})))
             return
         if path == "/v1/audio/voices" and method == b"POST":  # only what the router forwarded
@@ -352,6 +354,7 @@ def make_record(s: State) -> WorkerRecord:
             input_modalities=[Modality.TEXT, Modality.AUDIO],
             output_modalities=[Modality(m) for m in a.outputs],
         ),
+        voices=a.voices,
         capacity=a.capacity,
         status=s.status,
     )
@@ -430,6 +433,7 @@ def main() -> None:
         "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]
     )
     p.add_argument("--outputs", nargs="+", default=["text", "audio"])
+    p.add_argument("--voices", nargs="*", default=[], help="built-in voices it lists")
     p.add_argument("--redis-url", default=None)
     p.add_argument("--fleet", default="default")
     p.add_argument("--ttl-ms", type=int, default=1500)

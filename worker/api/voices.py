@@ -93,7 +93,9 @@ def reference_audio(pcm16: bytes, rate: int = VOICE_REFERENCE_RATE) -> np.ndarra
 
 def _voice_json(record: VoiceRecord) -> dict:
     shown = record.model_dump(exclude={"owner", "format"})
-    return {"object": "voice", "builtin": False, **shown}
+    # id and type as OpenAI's Voice object has them (the SDK's audio.voices.create reads them)
+    return {"object": "voice", "id": record.name, "type": "audio_sample", "builtin": False,
+            **shown}  # fmt: skip
 
 
 def _voice_too_large(size: int, limit: int) -> OmniError:
@@ -151,7 +153,16 @@ async def upload_voice(request: Request) -> dict:
         raise _voice_too_large(int(declared), limit)  # before a byte of the body is read
     form = await read_form(request)
     name = form.get("name")
-    upload = form.get("file") or form.get("audio")
+    kind = form.get("type") or "audio_sample"
+    if kind != "audio_sample":
+        raise OmniError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            "only voices cloned from an audio sample are served (type 'audio_sample')",
+            "type",
+        )
+    # `audio_sample` is OpenAI's name (the SDK's audio.voices.create sends it)
+    upload = form.get("audio_sample") or form.get("file") or form.get("audio")
     if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
         raise OmniError(
             400,
@@ -160,7 +171,17 @@ async def upload_voice(request: Request) -> dict:
             "name",
         )
     if not isinstance(upload, UploadFile):
-        raise OmniError(400, ErrorCode.INVALID_REQUEST, "field 'file' (audio) is required", "file")
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST, "field 'file' or 'audio_sample' is required", "file"
+        )
+    consent = form.get("consent") or ""
+    if not isinstance(consent, str) or len(consent) > 256:
+        raise OmniError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            "field 'consent' must be at most 256 characters",
+            "consent",
+        )
     if name in service.engine.speakers():
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
@@ -197,6 +218,7 @@ async def upload_voice(request: Request) -> dict:
         owner=request.headers.get(API_KEY_ID_HEADER, ""),
         seconds=round(samples.size / VOICE_STORED_RATE, 3),
         transcript=transcript.strip(),
+        consent=consent,
     )
     try:
         await service.put_voice(record, pcm16)

@@ -1,0 +1,200 @@
+"""Every shipped model family behind a real omni-router, driven with the official ``openai``
+SDK as a user deploys it: one Redis, one router, and a worker each of Qwen3-TTS CustomVoice
+(built-in voices), Qwen3-TTS Base (cloned voices) and Qwen3-ASR with its forced aligner (word
+timestamps), each on its embedded tiny checkpoint. Each endpoint its spec advertises goes
+client -> router -> worker. (Qwen3-Omni's fleet, three tiny-omni workers behind two routers, is
+``test_openai_sdk.py`` and ``test_realtime_fleet.py``.)
+
+Through the router, speech on a TTS worker and transcriptions on an ASR worker were refused
+503 ``no_eligible_worker``: the router asked speech for text *and* audio out and a
+transcription for text in, while a TTS worker advertises audio out only and an ASR worker audio
+in only."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from fleet.redis_server import RedisServer
+from tests.fakes.procs import Router, wait_for
+from tests.worker_procs import WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+FLEET = "families"
+MAX_NEW = 16  # talker steps per request: short replies on two cores
+FRAMES = MAX_NEW - 1  # 1920-sample frames (the last code never gets its frame)
+WORKERS = {
+    "tiny-qwen3-tts": ("configs/models/tiny-qwen3-tts.yaml", "--tts_engine.engine.max_new_tokens"),
+    "tiny-qwen3-tts-base": (
+        "configs/models/tiny-qwen3-tts-base.yaml",
+        "--tts_engine.engine.max_new_tokens",
+    ),
+    "tiny-qwen3-asr": ("configs/models/tiny-qwen3-asr.yaml", "--asr.engine.max_new_tokens"),
+}
+
+
+@dataclass
+class FamilyFleet:
+    router: Router
+    workers: dict[str, WorkerProcess]
+
+    def sdk(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.router.url + "/v1", api_key="unused", max_retries=0,
+                             timeout=300)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[FamilyFleet]:
+    with RedisServer() as redis:
+        workers: dict[str, WorkerProcess] = {}
+        router = None
+        try:
+            for model, (spec, limit) in WORKERS.items():
+                workers[model] = WorkerProcess(
+                    "--spec", spec, "--gpus", "cpu", "--fleet", FLEET, limit, str(MAX_NEW),
+                    "--cache-dir", str(tmp_path_factory.mktemp(f"cache-{model}")),
+                    worker_id=model, redis_url=redis.url,
+                )  # fmt: skip
+            router = Router("--fleet", FLEET, "--redis-url", redis.url, "--resync-interval-s",
+                            "0.5")  # fmt: skip
+            for w in workers.values():
+                w.wait_ready(timeout=600)
+            wait_for(lambda: router.ready()["routable_workers"] == len(workers), timeout=30)
+            yield FamilyFleet(router, workers)
+        finally:
+            if router is not None:
+                router.stop()
+            for w in workers.values():
+                w.stop()
+
+
+def tone_wav(seconds: float, rate: int = 24_000, freq: float = 180.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    noise = 0.02 * np.random.default_rng(1).normal(size=t.size)
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t) + noise).astype(np.float32), rate,
+             format="WAV")  # fmt: skip
+    return buf.getvalue()
+
+
+def test_models_list_each_familys_capabilities_and_voices(fleet: FamilyFleet) -> None:
+    sdk = fleet.sdk()
+    models = {m.id: m.model_dump() for m in sdk.models.list().data}
+    assert set(models) == set(WORKERS)
+    cv, base, asr = (models[m] for m in WORKERS)
+    builtin = httpx.get(fleet.workers["tiny-qwen3-tts"].url + "/v1/models").json()["data"][0]
+    assert cv["voices"] == builtin["voices"] and cv["voices"]  # what the worker says
+    assert cv["capabilities"] == builtin["capabilities"]
+    assert cv["capabilities"]["output_modalities"] == ["audio"]
+    assert base["voices"] == []  # Base clones uploaded voices only
+    assert base["capabilities"]["endpoints"] == ["speech", "voices", "realtime"]
+    assert asr["capabilities"]["endpoints"] == ["transcription"]
+    assert asr["capabilities"]["input_modalities"] == ["audio"]
+    assert sdk.models.retrieve("tiny-qwen3-asr").id == "tiny-qwen3-asr"
+
+
+def test_custom_voice_speech_streamed_speech_and_realtime(fleet: FamilyFleet) -> None:
+    sdk = fleet.sdk()
+    voice = sdk.models.retrieve("tiny-qwen3-tts").model_dump()["voices"][0]
+    raw = sdk.audio.speech.with_raw_response.create(
+        model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
+        response_format="pcm",
+    )  # fmt: skip
+    assert raw.headers["x-omni-worker-id"] == "tiny-qwen3-tts"
+    pcm = raw.content
+    assert len(pcm) == FRAMES * 1920 * 2
+    with sdk.audio.speech.with_streaming_response.create(
+        model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
+        response_format="pcm", extra_body={"stream": True},
+    ) as streamed:  # fmt: skip
+        pieces = list(streamed.iter_bytes())
+    assert b"".join(pieces) == pcm  # greedy: the same audio, streamed
+    wav = sdk.audio.speech.create(
+        model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
+        response_format="wav",
+    ).content  # fmt: skip
+    samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24_000 and samples.tobytes() == pcm
+    # an unknown voice is the client's mistake: 400, and the worker stays routable
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.audio.speech.create(model="tiny-qwen3-tts", input="x", voice="nobody")
+    assert err.value.code == "voice_not_found"
+
+    async def realtime() -> tuple[str, int]:
+        client = openai.AsyncOpenAI(
+            base_url=fleet.router.url + "/v1", api_key="unused", max_retries=0
+        )
+        async with client.realtime.connect(model="tiny-qwen3-tts") as conn:
+            await conn.recv()  # session.created
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": "Hello there."}]}
+            )  # fmt: skip
+            await conn.response.create()
+            transcript, audio = "", 0
+            async for event in conn:
+                if event.type == "response.output_audio.delta":
+                    audio += len(base64.b64decode(event.delta))
+                elif event.type == "response.output_audio_transcript.delta":
+                    transcript += event.delta
+                elif event.type == "response.done":
+                    return transcript, audio
+        raise AssertionError("the session ended before response.done")
+
+    transcript, audio_bytes = asyncio.run(realtime())
+    assert transcript == "Hello there." and audio_bytes > 0
+
+
+def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> None:
+    sdk = fleet.sdk()
+    created = sdk.audio.voices.create(
+        name="mine", audio_sample=("v.wav", tone_wav(1.0), "audio/wav"), consent="recorded"
+    )
+    assert created.name == "mine" and created.id == "mine" and created.type == "audio_sample"
+    listed = httpx.get(fleet.router.url + "/v1/audio/voices", timeout=30).json()["data"]
+    assert [v["name"] for v in listed] == ["mine"] and listed[0]["consent"] == "recorded"
+    pcm = sdk.audio.speech.create(
+        model="tiny-qwen3-tts-base", input="cloned", voice="mine", response_format="pcm"
+    ).content
+    assert len(pcm) == FRAMES * 1920 * 2 and any(pcm)
+    with pytest.raises(openai.BadRequestError) as err:  # Base has no built-in voices
+        sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="vivian")
+    assert err.value.code == "voice_not_found"
+    with pytest.raises(openai.BadRequestError) as err:  # a prompt-designed voice: not served
+        sdk.audio.voices.create(name="designed", type="prompt", prompt="a calm voice")
+    assert err.value.param == "type"
+    sdk.audio.voices.delete("mine")
+    with pytest.raises(openai.BadRequestError):
+        sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="mine")
+
+
+def test_transcription_with_word_timestamps_and_streamed(fleet: FamilyFleet) -> None:
+    sdk = fleet.sdk()
+    audio = ("a.wav", tone_wav(2.0, rate=16_000, freq=330.0), "audio/wav")
+    plain = sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio)
+    assert isinstance(plain.text, str)
+    verbose = sdk.audio.transcriptions.create(
+        model="tiny-qwen3-asr", file=audio, response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    )  # fmt: skip
+    assert verbose.text == plain.text and verbose.duration == pytest.approx(2.0, abs=0.01)
+    assert verbose.segments and verbose.words is not None
+    for word in verbose.words:  # (a random-weight aligner may time words past the clip)
+        assert word.word and word.word in plain.text and 0 <= word.start <= word.end
+    if plain.text.strip():
+        assert verbose.words, "a transcript with text has timed words"
+    events = list(sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio,
+                                                  stream=True))  # fmt: skip
+    assert events[-1].type == "transcript.text.done" and events[-1].text == plain.text
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    assert deltas == plain.text
