@@ -20,6 +20,17 @@ from router.http.wire import error_response
 # one of these paths starts with /v1/audio/
 STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
 RESENDABLE_UPLOAD = b"/v1/audio/transcriptions"  # no side effect: may go to a second worker
+# Lingering close, as nginx does it (and the worker, worker/api/gate.py): a request refused
+# before its body was read (413, 414, 431, 401, 415, a worker's early answer to an upload) is
+# answered, the sending side shut down, then what the client still sends is read and dropped
+# for at most this long and this much before the connection closes. Ordinary clients (urllib,
+# requests, httpx, the openai SDK) write their whole body before reading: a close with their
+# bytes unread makes the kernel send a reset that destroys the response before they read it.
+# A head refused before it ended (one growing without bound, as a hostile client sends it)
+# lingers for much less: the rest of a real request's head and a modest body.
+LINGER_S = 10.0
+LINGER_BYTES = 64 * 2**20
+HEAD_LINGER_BYTES = 4 * 2**20
 
 if TYPE_CHECKING:
     from router.dispatch import Dispatch
@@ -70,6 +81,33 @@ class Handler(Protocol):
     def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None: ...
     def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None: ...
     def exchange_aborted(self, client: ClientConnection) -> None: ...
+
+
+class Lingering(asyncio.Protocol):
+    """A refused connection's protocol from the refusal on: it reads and drops what arrives
+    (the parser is done with it), until the client's EOF, ``budget`` bytes or ``LINGER_S``.
+    Swapped in with ``transport.set_protocol``: the served path pays nothing for it."""
+
+    __slots__ = ("budget", "client", "dropped", "timer", "transport")
+
+    def __init__(self, client: ClientConnection, budget: int) -> None:
+        self.client = client
+        self.transport = client.transport
+        self.budget = budget
+        self.dropped = 0
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.dropped += len(data)
+        if self.dropped > self.budget:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done sending: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.timer.cancel()
+        self.client.connection_lost(exc)
 
 
 class HeadTooLarge(Exception):
@@ -472,14 +510,18 @@ class ClientConnection(asyncio.Protocol):
         self.upload_sink = None
         self.upload_ended = False
         self.upload_kept = None
-        if self.uploading:  # answered before its body ended: the rest is not worth reading
+        unread = self.uploading  # answered before its body ended: the rest is not worth reading
+        if unread:
             self.uploading = False
             self.keep_alive = False
         if self.closed:
             return
         if not self.keep_alive:
-            self.closed = True
-            self.transport.close()
+            if unread:
+                self.linger(LINGER_BYTES)
+            else:
+                self.closed = True
+                self.transport.close()
         elif self.pending:
             req = self.pending.popleft()
             self.pending_bytes -= len(req.body or b"")
@@ -497,17 +539,28 @@ class ClientConnection(asyncio.Protocol):
         self.handler.metrics.request(self.route, status, time.monotonic() - self.started)
         self.finish()
 
-    def reject(self, status: int, code: ErrorCode, message: str) -> None:
+    def reject(self, status: int, code: ErrorCode, message: str, linger: bool = True) -> None:
         """An error before any request could be dispatched (parse errors, size limits)."""
         self.handler.metrics.error("other", code)
         self.handler.metrics.request("other", status, 0.0)
-        self.closed = True
         self.transport.write(error_response(status, code, message, keep_alive=False))
-        self.transport.close()
+        if linger:
+            self.linger(HEAD_LINGER_BYTES if self.in_head else LINGER_BYTES)
+        else:
+            self.closed = True
+            self.transport.close()
         if self.upstream is not None:
             self.upstream.detach()
             self.upstream = None
             self.handler.exchange_aborted(self)
+
+    def linger(self, budget: int) -> None:
+        """Close after the response written so far, without resetting it (``Lingering``)."""
+        self.closed = True
+        self.transport.set_protocol(Lingering(self, budget))
+        self.transport.resume_reading()  # a full pipeline or a paused upload stopped it
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the response ends here; the client reads it whole
 
     def idle_out(self) -> None:
         """No request under way for the idle timeout: hang up (RFC 9112 9.8 lets a server
@@ -520,7 +573,8 @@ class ClientConnection(asyncio.Protocol):
         """The client sent nothing for ``timeout`` seconds in the middle of its request."""
         upstream = self.upstream
         if upstream is None or upstream.state == WAITING:  # no response bytes sent yet
-            self.reject(408, ErrorCode.REQUEST_TIMEOUT, f"request not received within {timeout:g}s")
+            message = f"request not received within {timeout:g}s"
+            self.reject(408, ErrorCode.REQUEST_TIMEOUT, message, linger=False)  # nothing comes
         else:  # a response is already under way: all that is left is to hang up
             self.closed = True
             self.transport.close()

@@ -1,5 +1,6 @@
 """The ASGI layer in front of every route: shared-token auth, the body size limit (enforced
-while the body arrives, never after reading it whole) and per-route request metrics."""
+while the body arrives, never after reading it whole), lingering close after a refusal and
+per-route request metrics."""
 
 from __future__ import annotations
 
@@ -24,6 +25,19 @@ _ROUTES = (
     ("/v1/audio/voices", Route.VOICES),
     ("/v1/models", Route.MODELS),
 )
+
+
+# Lingering close, as nginx does it: an error answered before the request body was read
+# (401, 413, 415, a voice over its size, ...) is sent first, then the rest of the body is read
+# and dropped for at most this long and this much, then the connection closes. Ordinary clients
+# (urllib, requests, httpx, the openai SDK) send their whole body before reading: closing with
+# their bytes unread makes the kernel send a reset that destroys the response before they read
+# it. Past either bound the client gets that reset after all (a bounded cost per connection).
+# A head refused before it ended (worker.api.protocol) lingers for much less: the rest of a
+# real request's head and a modest body, not a hostile endless head.
+LINGER_S = 10.0
+LINGER_BYTES = 64 * 2**20
+HEAD_LINGER_BYTES = 4 * 2**20
 
 
 def route_of(path: str) -> Route:
@@ -93,8 +107,53 @@ class Gate:
                         self._count_error(value.decode())
             await send(message)
 
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        # a body the client sends whether or not it is read (not one it holds back for a
+        # 100 Continue that a refusal never sends)
+        body_coming = (
+            declared not in (None, b"0") or b"transfer-encoding" in headers
+        ) and headers.get(b"expect", b"").lower() != b"100-continue"
+        received = 0
+        body_done = not body_coming
+        stalled = False  # a 408: the client stopped sending, nothing to linger for
+        error_status = False
+
+        async def send_refusing(message: Message) -> None:
+            """Lingering close for an error sent while the request body is still arriving."""
+            nonlocal error_status
+            if message["type"] == "http.response.start":
+                error_status = message["status"] >= 400
+                if error_status and not body_done:
+                    message = {**message, "headers": [*message.get("headers", ()),
+                                                      (b"connection", b"close")]}  # fmt: skip
+            elif (
+                error_status
+                and not body_done
+                and not stalled
+                and not message.get("more_body", False)
+            ):
+                await send_counted({**message, "more_body": True})
+                await drain()
+                message = {"type": "http.response.body", "body": b""}
+            await send_counted(message)
+
+        async def drain() -> None:
+            nonlocal body_done
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + LINGER_S
+            dropped = 0
+            while not body_done and dropped <= LINGER_BYTES:
+                try:
+                    message = await asyncio.wait_for(receive(), deadline - loop.time())
+                except TimeoutError:
+                    return
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
+
         try:
-            headers = dict(scope["headers"])
             refusal: OmniError | None = None
             if self.token is not None and path not in OPEN_PATHS and not self._authorised(headers):
                 refusal = OmniError(
@@ -102,25 +161,21 @@ class Gate:
                     ErrorCode.INVALID_API_KEY,
                     "missing or wrong worker token (Authorization: Bearer or x-omni-worker-token)",
                 )
-            else:
-                declared = headers.get(b"content-length")
-                if declared is not None and declared.isdigit() and int(declared) > self.limit:
-                    refusal = body_too_large(self.limit)
+            elif declared is not None and declared.isdigit() and int(declared) > self.limit:
+                refusal = body_too_large(self.limit)
             if refusal is not None:
                 self._count_error(refusal.code.value)
-                await self._refuse(send_counted, refusal)
+                await self._refuse(send_refusing, refusal)
                 return
 
-            received = 0
-            body_done = False
-
             async def receive_limited() -> Message:
-                nonlocal received, body_done
+                nonlocal received, body_done, stalled
                 if body_done:  # later calls wait for the disconnect: no deadline on those
                     return await receive()
                 try:
                     message = await asyncio.wait_for(receive(), self.body_timeout)
                 except TimeoutError:
+                    stalled = True
                     raise OmniError(
                         408,
                         ErrorCode.REQUEST_TIMEOUT,
@@ -128,14 +183,14 @@ class Gate:
                     ) from None
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
+                    body_done = not message.get("more_body", False)
                     if received > self.limit:
                         raise body_too_large(self.limit)
-                    body_done = not message.get("more_body", False)
                 else:
                     body_done = True
                 return message
 
-            await self.app(scope, receive_limited, send_counted)
+            await self.app(scope, receive_limited, send_refusing)
         finally:
             if status_seen:
                 self.metrics.requests.labels(route.value, status_class(status_seen)).inc()

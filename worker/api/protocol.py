@@ -26,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fleet.errors import ErrorCode, error_bytes
 from worker.api import refusals
+from worker.api.gate import HEAD_LINGER_BYTES, LINGER_S
 from worker.api.refusals import REFUSALS
 from worker.settings import WorkerSettings
 
@@ -37,8 +38,6 @@ except ImportError:  # httptools is optional for uvicorn
 DEFAULT_MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 4096
-_LINGER_S = 2.0  # after refusing a head: how long its connection is read and dropped
-_LINGER_BYTES = 4 * 2**20  # ... and how much of it
 _REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
@@ -91,6 +90,7 @@ if HttpToolsProtocol is not None:
             self._head_bytes = 0
             self._url_bytes = 0
             self._lingering: int | None = None  # bytes discarded since the refusal
+            self._head_refused = False  # on_headers_complete found the head over the limit
             self._head_deadline: asyncio.TimerHandle | None = None
             super().connection_made(transport)
             if len(self.connections) > self.max_connections:
@@ -137,6 +137,14 @@ if HttpToolsProtocol is not None:
             if self._head_deadline is not None:
                 self._head_deadline.cancel()
                 self._head_deadline = None
+            # A head that came whole in one large read was never counted in data_received:
+            # its exact size, before uvicorn starts the request. (The raise stops httptools;
+            # send_400_response below answers with the refusal.)
+            size = sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if max(size, self._url_bytes) > self.max_head_bytes:
+                self._head_bytes = size
+                self._head_refused = True
+                raise _HeadTooLarge
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:
@@ -183,16 +191,17 @@ if HttpToolsProtocol is not None:
                 return
             headers = self.server_state.default_headers
             self.transport.write(error_response(status, code, message, headers))
-            # Lingering close, as nginx does: closing with the client's bytes still unread
-            # makes the kernel send a reset that can destroy the response before the client
-            # reads it. Read and drop for a moment (bounded), then close.
+            # Lingering close (worker.api.gate): read and drop what the client still sends
+            # (bounded), then close, so that its reset does not destroy the answer.
             self._lingering = 0
-            self.loop.call_later(_LINGER_S, self.transport.close)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
 
         def _linger(self, size: int) -> None:
             assert self._lingering is not None
             self._lingering += size
-            if self._lingering > _LINGER_BYTES:
+            if self._lingering > HEAD_LINGER_BYTES:
                 self.transport.close()
 
         def eof_received(self) -> None:
@@ -202,8 +211,17 @@ if HttpToolsProtocol is not None:
             super().eof_received()
 
         def send_400_response(self, msg: str) -> None:
+            if self._head_refused:
+                self._head_refused = False
+                self._refuse_head()
+                return
             self.transport.write(malformed_response(msg, self.server_state.default_headers))
             self.transport.close()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from the parser's headers-complete callback to stop it (httptools re-raises it
+    from feed_data as an HttpParserCallbackError)."""
 
 
 def http_protocol(
