@@ -77,15 +77,16 @@ def _cpu_only(inventory: str | Path | Inventory | None) -> bool:
 
 def cpu_overrides(spec: ModelSpec, given: Sequence[str] = ()) -> list[str]:
     """``--gpus cpu``: every stage of the spec on the CPU (a tiny checkpoint of a GPU model on
-    a laptop or CI), as ordinary overrides so that ``explain`` shows where they came from. A
-    field the user overrides (``given``) is left to the user."""
+    a laptop or CI) in float32 (the spec's bf16 is a GPU's choice: on a CPU it is slow and
+    diverges from the references), as ordinary overrides so that ``explain`` shows where they
+    came from. A field the user overrides (``given``) is left to the user."""
     # given as "--stage.field value", "--stage.field=value" or "stage.field=value"
     named = {token.split("=", 1)[0].lstrip("-") for token in given}
     out: list[str] = []
     for name, stage in spec.stages.items():
         if stage.device.value == "cpu" or f"{name}.device" in named:
             continue
-        wanted = {"device": "cpu", "gpus": "null"}
+        wanted = {"device": "cpu", "gpus": "null", "dtype": "fp32"}
         if stage.memory_share is not None:
             wanted["memory_share"] = "null"
         if stage.tp_size != 1:
@@ -264,6 +265,7 @@ def _process(
         stages.append(
             StagePlacement(
                 stage=f.name,
+                dtype=f.stage.dtype.value,
                 memory=mem,
                 kv_tokens=tokens,
                 max_running_requests=f.stage.engine.max_running_requests if f.is_engine else 0,

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import SpecError
-from planner.overrides import Override, Provenance, apply, parse_cli, parse_file
+from planner.overrides import Origin, Override, Provenance, apply, parse_cli, parse_file
 from planner.spec import ModelSpec
 from planner.yamlio import load_yaml
 
@@ -90,6 +90,7 @@ def load_spec(
     if model_dir is not None:
         raw = {**raw, "model_dir": str(model_dir)}
     resolved, prov = apply(raw, base, where, ovs)  # type: ignore[arg-type]
+    _cpu_stages_run_fp32(resolved, prov)
     try:
         spec = ModelSpec.model_validate(resolved)
     except ValidationError as exc:
@@ -98,6 +99,23 @@ def load_spec(
         raise SpecError(f"{path}: {exc}") from None
     _check_stage_settings(spec, path)
     return LoadedSpec(spec=spec, spec_path=path, provenance=prov)
+
+
+def _cpu_stages_run_fp32(resolved: dict, prov: Provenance) -> None:
+    """A stage on the CPU whose dtype nobody set (not the spec, not an override) runs float32,
+    not the GPU default bf16: bf16 on a CPU is slow and its results diverge from the
+    references' (Omni's text, codec codes and the ASR text all differed). ``--gpus cpu`` moves
+    stages with an fp32 override (planner.api.cpu_overrides)."""
+    stages = resolved.get("stages")
+    if not isinstance(stages, dict):
+        return
+    for name, stage in stages.items():
+        if isinstance(stage, dict) and stage.get("device") == "cpu" and "dtype" not in stage:
+            stage["dtype"] = "fp32"
+            entry = prov.entries.get(f"stages.{name}.dtype")
+            if entry is not None:
+                entry.value = "fp32"
+                entry.origin = Origin("default", "a cpu stage", "fp32")
 
 
 def _check_stage_settings(spec: ModelSpec, path: Path) -> None:

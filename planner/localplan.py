@@ -22,7 +22,9 @@ def cpu_node_plan(
             replica=0,
             stages=[
                 StagePlacement(
-                    stage=s, max_running_requests=spec.stages[s].engine.max_running_requests
+                    stage=s,
+                    dtype=spec.stages[s].dtype.value,
+                    max_running_requests=spec.stages[s].engine.max_running_requests,
                 )
                 for s in stages
             ],

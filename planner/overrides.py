@@ -42,7 +42,7 @@ class Origin:
 
     def describe(self) -> str:
         if self.source == "default":
-            return "schema default"
+            return f"schema default for {self.where}" if self.where else "schema default"
         if self.source == "cli":
             return f"command line {self.where}"
         if self.source == "file":

@@ -32,6 +32,7 @@ class StagePlacement(Frozen):
     """One stage inside one process, on one device (per TP rank for GPU stages)."""
 
     stage: str
+    dtype: str = ""  # the dtype its weights are loaded and run in (the spec's, resolved)
     memory: MemoryBudget = Field(default_factory=MemoryBudget)
     kv_tokens: int = 0  # KV capacity in tokens (autoregressive stages)
     max_running_requests: int = 0

@@ -133,7 +133,7 @@ def _process_table(node: NodePlan, label: str, console: Console) -> None:
         m = p.memory_per_gpu if p.gpus else budget_rows(s.memory for s in p.stages)
         tokens = sum(s.kv_tokens for s in p.stages)
         t.add_row(
-            p.name, "+".join(s.stage for s in p.stages),
+            p.name, "+".join(f"{s.stage} {s.dtype}" if s.dtype else s.stage for s in p.stages),
             (p.env.get("CUDA_VISIBLE_DEVICES", "") or "cpu (host)")
             + (f" (tp{p.tp_size})" if p.tp_size > 1 else ""),
             _g(m.weights), _g(m.kv_cache), f"{tokens:,}" if tokens else "", _g(m.activations),

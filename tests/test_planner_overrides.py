@@ -189,3 +189,39 @@ def test_bare_model_directory_is_one_autoregressive_stage() -> None:
 def test_pins_are_all_or_nothing() -> None:
     with pytest.raises(SpecError, match="some GPU stages pin gpus and talker do not"):
         load_spec(SPEECH, ["--talker.gpus", "null"])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["qwen3-omni-30b-a3b-speech.yaml", "qwen3-tts-12hz-0.6b.yaml", "qwen3-asr-0.6b-aligned.yaml"],
+)
+def test_gpus_cpu_runs_every_stage_in_fp32_unless_a_stage_says_otherwise(spec: str) -> None:
+    """``--gpus cpu`` used to keep the spec's bf16 (a GPU's choice): on a CPU every stage
+    diverged from the fp32 references. Now each stage runs fp32, the plan and the start-up log
+    say so, and a per-stage override still wins."""
+    from planner.api import plan_spec
+
+    path = MODELS / spec
+    gpu = plan_spec(path, "1xH200-141GB")
+    assert any(s.dtype.value == "bf16" for s in gpu.spec.stages.values())  # the GPU default
+    cpu = plan_spec(path, "cpu")
+    assert {s.dtype.value for s in cpu.spec.stages.values()} == {"fp32"}
+    placed = {p.stage: p.dtype for proc in cpu.plan.nodes[0].processes for p in proc.stages}
+    assert placed == dict.fromkeys(cpu.spec.stages, "fp32")
+    first = next(iter(cpu.spec.stages))
+    mixed = plan_spec(path, "cpu", overrides=[f"--{first}.dtype", "bf16"])
+    assert mixed.spec.stages[first].dtype.value == "bf16"
+    assert mixed.provenance.entries[f"stages.{first}.dtype"].origin.source == "cli"
+
+
+def test_a_cpu_stage_without_a_dtype_runs_fp32(tmp_path: Path) -> None:
+    raw = yaml.safe_load((MODELS / "qwen3-tts-12hz-1.7b.yaml").read_text())
+    del raw["stages"]["preprocessing"]["dtype"]  # device: cpu
+    raw["model_dir"] = str((MODELS / raw["model_dir"]).resolve())
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    loaded = load_spec(spec)
+    assert loaded.spec.stages["preprocessing"].dtype.value == "fp32"
+    assert loaded.spec.stages["tts_engine"].dtype.value == "bf16"  # a GPU stage keeps its own
+    origin = loaded.provenance.entries["stages.preprocessing.dtype"].origin
+    assert origin.describe() == "schema default for a cpu stage"
