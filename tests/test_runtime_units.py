@@ -428,3 +428,22 @@ def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Pat
     assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
     assert len(deltas) > 10 and outs[-1] == (DONE, "r", {"finish_reason": "stop"})
     assert dec.queue_depth() == 0
+
+
+def test_a_cpu_stage_runs_on_the_cpu_inside_a_gpu_process() -> None:
+    """qwen3-tts-12hz-1.7b puts its preprocessing (device: cpu, Mimi's encoder) in the GPU
+    process of its talker: it loaded onto cuda:0 and its warm-up fed it a CPU tensor."""
+    from planner.api import plan_spec
+    from worker.runtime.host import stage_device
+
+    result = plan_spec("configs/models/qwen3-tts-12hz-1.7b.yaml", "1xL4-24GB")
+    process = result.plan.nodes[0].processes[0]  # (replicas: the same layout)
+    assert process.device == "gpu"
+    devices = {
+        s.stage: stage_device(result.spec.stages[s.stage].device.value, "cuda:0")
+        for s in process.stages
+    }
+    assert devices == {"preprocessing": "cpu", "tts_engine": "cuda:0", "vocoder": "cuda:0"}
+    # the planner counts it in host memory, not on the GPU
+    gpu = result.plan.nodes[0].gpus[0]
+    assert not any(k.endswith("/preprocessing") for k in gpu.by_stage)

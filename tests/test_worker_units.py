@@ -154,3 +154,25 @@ async def test_registration_survives_a_redis_restart() -> None:
         await reg.deregister()
         assert sync.get(store.keys.worker("r1")) is None
         await store.close()
+
+
+def test_stop_tokens_follow_the_checkpoints_generation_config(tmp_path) -> None:
+    """eos_token_id (an int or a list) and suppress_tokens from generation_config.json, as
+    transformers' generate reads them; the family's own turn end always stops (the Omni thinker
+    stopped on <|im_end|> only)."""
+    import json
+
+    import torch
+
+    from worker.stages.generation_config import stop_tokens
+
+    assert stop_tokens(tmp_path, config_eos=7).eos == {7}  # no file: the model config's
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [3, 5], "suppress_tokens": [1, 99]})
+    )
+    stops = stop_tokens(tmp_path, config_eos=7, always=(9,))
+    assert stops.eos == {3, 5, 9} and stops.suppress == (1, 99)
+    mask = stops.suppress_mask(torch, 10, "cpu")
+    assert mask.tolist() == [i == 1 for i in range(10)]  # 99 is past the vocabulary
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 4}))
+    assert stop_tokens(tmp_path, config_eos=7).eos == {4}

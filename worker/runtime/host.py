@@ -58,6 +58,13 @@ class _Busy:
         return self.value
 
 
+def stage_device(declared: str, process_device: str) -> str:
+    """Where a stage runs: a stage declared ``cpu`` runs on the CPU wherever its process runs
+    (the planner counts it as host memory), others on their process's device. The 1.7B TTS
+    spec's preprocessing (Mimi's encoder) shares a GPU process with its talker."""
+    return "cpu" if declared == "cpu" else process_device
+
+
 def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
     # A Ctrl-C or SIGTERM sent to the whole process group is the worker's to handle: it drains
     # and then stops its stages itself (STOP, else SIGKILL); a stage process also exits when
@@ -97,7 +104,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
             spec=spec,
             stage=stage,
             checkpoint=Path(cfg.checkpoint),
-            device=cfg.device,
+            device=stage_device(stage.device.value, cfg.device),
             max_running_requests=cfg.max_running.get(name) or stage.engine.max_running_requests,
             kv_tokens=cfg.kv_tokens.get(name, 0),
         )

@@ -14,7 +14,6 @@ and hidden states if asked).
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from worker.stages.base import (
     StageExecutor,
     load_model,
 )
+from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
 
 
@@ -58,15 +58,10 @@ class AutoregressiveExecutor(StageExecutor):
         self.model = load_model(self.ctx)
         self.config = self.model.config
         self.embed = self.model.get_input_embeddings()
-        gen_path = self.ctx.component_dir() / "generation_config.json"
-        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        eos = gen.get("eos_token_id", getattr(self.config, "eos_token_id", None))
-        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        stops = stop_tokens(self.ctx.component_dir(), getattr(self.config, "eos_token_id", None))
+        self.eos = set(stops.eos)
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.ctx.device)
-        for t in gen.get("suppress_tokens") or []:
-            if t < vocab:
-                self.suppress[t] = True
+        self.suppress = stops.suppress_mask(torch, vocab, self.ctx.device)
         streamed_into = any(self.ctx.name in s.stream_to for s in self.ctx.spec.stages.values())
         if streamed_into:
             raise ValueError(
@@ -82,9 +77,11 @@ class AutoregressiveExecutor(StageExecutor):
     def warmup(self) -> None:
         torch = self.torch
         with torch.inference_mode():
-            out = self.model(inputs_embeds=self.embed(torch.tensor([[0, 1, 2]])), use_cache=True)
+            dev = self.ctx.device  # (CPU ids into a CUDA embedding crashed the start on a GPU)
+            first = torch.tensor([[0, 1, 2]], device=dev)
+            out = self.model(inputs_embeds=self.embed(first), use_cache=True)
             self.model(
-                inputs_embeds=self.embed(torch.tensor([[3]])),
+                inputs_embeds=self.embed(torch.tensor([[3]], device=dev)),
                 cache=out.cache,
                 use_cache=True,
             )

@@ -233,6 +233,14 @@ class TalkerExecutor(StageExecutor):
         lens = r.prompt.get("audio_lens") or None
         grid, video = r.prompt.get("image_grid"), r.prompt.get("video_grid")
         total = inputs.shape[1]
+        # its prompt plus every frame it may add must fit its own context (the user turn's
+        # positions are the thinker's, and the thinker's context may be the longer one)
+        context = self.ctx.stage.engine.context_length
+        if total >= context:
+            raise ValueError(
+                f"the talker's prompt of {total} positions exceeds the context length {context}"
+            )
+        r.max_new = min(r.max_new, context - total)
         if lens or grid is not None or video is not None:
             positions, deltas = self.talker.get_rope_index(
                 talker_ids,

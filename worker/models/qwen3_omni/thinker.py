@@ -17,6 +17,7 @@ from typing import Any
 
 from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
 
 
@@ -47,7 +48,17 @@ class ThinkerExecutor(StageExecutor):
         tc = self.config.thinker_config
         self.audio_id, self.image_id = tc.audio_token_id, tc.image_token_id
         self.video_id = tc.video_token_id
-        self.eos = {self.config.im_end_token_id}
+        # the checkpoint's generation config (eos list, suppressed tokens), and <|im_end|>
+        stops = stop_tokens(
+            self.ctx.component_dir(),
+            getattr(tc.text_config, "eos_token_id", None),
+            (self.config.im_end_token_id,),
+        )
+        self.eos = set(stops.eos)
+        vocab = self.thinker.lm_head.weight.shape[0]
+        self.suppress = (
+            stops.suppress_mask(torch, vocab, self.ctx.device) if stops.suppress else None
+        )
         self.accept = self.config.talker_config.accept_hidden_layer
         self.tts_ids = [
             self.config.tts_bos_token_id,
@@ -249,7 +260,10 @@ class ThinkerExecutor(StageExecutor):
         return SimpleNamespace(logits=self.thinker.lm_head(out.last_hidden_state), cache=out.cache)
 
     def _pick(self, logits: Any) -> list[int]:
-        return logits.float().argmax(dim=-1).tolist()
+        logits = logits.float()
+        if self.suppress is not None:
+            logits = logits.masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
+        return logits.argmax(dim=-1).tolist()
 
     def _on_token(self, r: _Request, token: int, first: dict[str, Any]) -> list[Output]:
         if token in self.eos:
