@@ -64,7 +64,16 @@ class FakeEngine:
         if request.kind == RequestKind.SPEECH:
             return request.text
         last = request.messages[-1]["content"] if request.messages else ""
-        extra = f" +{request.audio.size} samples" if request.audio is not None else ""
+        if isinstance(last, list):  # parts in order: its text, and audio clips in their turns
+            last = "".join(p["text"] for p in last if p["type"] == "text")
+        clips = [
+            p["audio"]
+            for m in request.messages
+            if isinstance(m["content"], list)
+            for p in m["content"]
+            if p["type"] == "audio"
+        ]
+        extra = f" +{sum(c.size for c in clips)} samples" if clips else ""
         return f"echo {last}{extra}"
 
     @staticmethod

@@ -25,7 +25,8 @@ class RequestKind(StrEnum):
 class GenerationRequest:
     request_id: str
     kind: RequestKind
-    # chat: OpenAI-style messages whose content is plain text (audio parts are moved to `audio`)
+    # chat: OpenAI-style messages whose content is text or a list of parts in order (text,
+    # and audio, image, video decoded: worker.api.chat); `audio` is a transcription's clip
     messages: list[dict] = field(default_factory=list)
     text: str = ""  # speech: the text to speak
     audio: np.ndarray | None = None  # mono float32 at AUDIO_INPUT_RATE (input audio)

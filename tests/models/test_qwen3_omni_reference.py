@@ -121,11 +121,12 @@ class Reply:
 
 def _ask(worker: WorkerProcess, parts: list[dict], speech: bool) -> Reply:
     """One greedy chat request over HTTP; ``parts`` in the OpenAI content-part shape."""
-    body: dict = {
-        "model": "tiny-omni",
-        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}],
-        "max_tokens": MAX_TOKENS,
-    }
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}]
+    return _ask_messages(worker, messages, speech)
+
+
+def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> Reply:
+    body: dict = {"model": "tiny-omni", "messages": messages, "max_tokens": MAX_TOKENS}
     if speech:
         body |= {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
     r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
@@ -162,16 +163,20 @@ def _model(checkpoint: Path):
 def _reference(checkpoint: Path, media: list[dict], speech: bool) -> Reply:
     """``Qwen3OmniMoeForConditionalGeneration.generate`` alone on the same prompt: ``media`` are
     the processor's parts (``audio`` float32 at 16 kHz, ``image`` HxWx3, ``video`` TxHxWx3)."""
+    messages = [{"role": "user", "content": [*media, {"type": "text", "text": PROMPT}]}]
+    return _reference_messages(checkpoint, messages, speech)
+
+
+def _reference_messages(checkpoint: Path, messages: list[dict], speech: bool) -> Reply:
+    """The same on a whole conversation: each part in its turn, as the chat template takes it."""
     import torch
 
-    from worker.models.qwen3_omni.processor import OmniProcessor
+    from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
 
     proc = OmniProcessor(checkpoint)
-    prepared = proc.prepare(
-        [{"role": "user", "content": [*media, {"type": "text", "text": PROMPT}]}]
-    )
+    prepared = proc.prepare(messages)
     inputs: dict = {}
-    clips = [p["audio"] for p in media if p["type"] == "audio"]
+    clips = [p["audio"] for p in media_parts(messages, "audio")]
     if clips:
         feats = proc.features(
             clips, sampling_rate=16_000, padding=True, return_attention_mask=True,
@@ -299,6 +304,63 @@ def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> 
     patches, grid, _ = proc.video_patches(np.stack([img, img]), 2.0, size)
     assert grid.tolist() == expected["image_grid_thw"][0].tolist()
     np.testing.assert_allclose(patches, expected["pixel_values"], atol=1e-5)
+
+
+def test_multi_turn_media_stay_in_their_turns_and_order(served) -> None:
+    """An earlier turn's clip and image belong to that turn, and parts keep their order
+    (``[text, audio]`` is another prompt than ``[audio, text]``): the worker used to join every
+    clip onto the last user turn and put images before the text."""
+    wav, audio = _input_audio()
+    url, pixels = _image()
+    tiny = served("tiny-omni")
+    http = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": [{"type": "text", "text": "Listen:"}, _audio_part(wav)]},
+        {"role": "assistant", "content": "A rising tone."},
+        {
+            "role": "user",
+            "content": [_url_part("image", url), {"type": "text", "text": "And this?"}],
+        },
+        {"role": "assistant", "content": "A gradient."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Both again:"},
+                _audio_part(wav),
+                _url_part("image", url),
+            ],
+        },
+    ]
+    processor = [
+        http[0],
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Listen:"}, {"type": "audio", "audio": audio}],
+        },
+        http[2],
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": pixels}, {"type": "text", "text": "And this?"}],
+        },
+        http[4],
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Both again:"},
+                {"type": "audio", "audio": audio},
+                {"type": "image", "image": pixels},
+            ],
+        },
+    ]
+    _assert_equal(
+        _ask_messages(tiny.worker, http, speech=False),
+        _reference_messages(tiny.checkpoint, processor, speech=False),
+    )
+    # speech out after a clip in an earlier turn (generate's talker cannot take audio beside
+    # an image: see the audio-and-video test)
+    again = {"role": "user", "content": "Say it again."}
+    spoken = _ask_messages(tiny.worker, [*http[:3], again], speech=True)
+    _assert_equal(spoken, _reference_messages(tiny.checkpoint, [*processor[:3], again], True))
 
 
 @pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])

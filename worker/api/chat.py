@@ -51,35 +51,37 @@ def _bad(message: str, param: str) -> OmniError:
     return OmniError(400, ErrorCode.INVALID_REQUEST, message, param)
 
 
-async def _messages(
-    service: WorkerService, body: ChatRequest
-) -> tuple[list[dict], np.ndarray | None]:
-    """Plain-text messages for the engine, and every input_audio part decoded and joined."""
+async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
+    """The messages for the engine, each part where it stands in its own turn (as the model's
+    processor takes them: ``[audio, text]`` is another prompt than ``[text, audio]``, and an
+    earlier turn's clip belongs to that turn), media decoded: ``audio`` float32 at 16 kHz,
+    ``image`` HxWx3, ``video`` frames. A message of text parts only is their text."""
     messages: list[dict] = []
-    clips: list[np.ndarray] = []
     total_seconds = 0.0
     for i, message in enumerate(body.messages):
         if isinstance(message.content, str) or message.content is None:
             messages.append({"role": message.role, "content": message.content or ""})
             continue
-        texts: list[str] = []
-        images: list[dict] = []
+        parts: list[dict] = []
         for j, part in enumerate(message.content):
             param = f"messages.{i}.content.{j}"
             if isinstance(part, TextPart):
-                texts.append(part.text)
+                if parts and parts[-1]["type"] == "text":  # adjacent texts: one run of text
+                    parts[-1] = {"type": "text", "text": parts[-1]["text"] + part.text}
+                else:
+                    parts.append({"type": "text", "text": part.text})
             elif isinstance(part, ImagePart):
                 if Modality.IMAGE not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no image input", param)
                 raw = await media_bytes(part.image_url.url, "image", service.settings, param)
                 image = await asyncio.to_thread(decode_image, raw, param)
-                images.append({"type": "image", "image": image})
+                parts.append({"type": "image", "image": image})
             elif isinstance(part, VideoPart):
                 if Modality.VIDEO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no video input", param)
                 raw = await media_bytes(part.video_url.url, "video", service.settings, param)
                 video = await asyncio.to_thread(decode_video, raw, param)
-                images.append({"type": "video", "video": video.frames, "fps": video.fps})
+                parts.append({"type": "video", "video": video.frames, "fps": video.fps})
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
                     raise _bad(f"model {body.model!r} takes no audio input", param)
@@ -87,14 +89,12 @@ async def _messages(
                 left = service.settings.max_audio_seconds - total_seconds
                 clip = await audio.decode_audio_async(raw, max_seconds=max(left, 0.0), param=param)
                 total_seconds += clip.size / AUDIO_INPUT_RATE
-                clips.append(clip)
-        if images:  # structured content for models that see (audio joins separately)
-            text = [{"type": "text", "text": "".join(texts)}] if texts else []
-            messages.append({"role": message.role, "content": [*images, *text]})
+                parts.append({"type": "audio", "audio": clip.astype(np.float32)})
+        if all(p["type"] == "text" for p in parts):
+            messages.append({"role": message.role, "content": "".join(p["text"] for p in parts)})
         else:
-            messages.append({"role": message.role, "content": "".join(texts)})
-    joined = np.concatenate(clips).astype(np.float32) if clips else None
-    return messages, joined
+            messages.append({"role": message.role, "content": parts})
+    return messages
 
 
 def _sse(data: dict | str) -> bytes:
@@ -119,7 +119,7 @@ async def chat_completions(request: Request) -> Response:
             )
     ticket = service.admit(session_of(request, body.user))
     try:
-        messages, clip = await _messages(service, body)
+        messages = await _messages(service, body)
         voice, voice_audio = (None, None)
         if want_audio:
             assert body.audio is not None
@@ -128,7 +128,6 @@ async def chat_completions(request: Request) -> Response:
             request_id=new_id("chatcmpl"),
             kind=RequestKind.CHAT,
             messages=messages,
-            audio=clip,
             output_audio=want_audio,
             voice=voice,
             voice_audio=voice_audio,

@@ -32,9 +32,8 @@ class OmniPreprocess(RequestPreprocessor):
 
     def warmup(self) -> None:
         silence = np.zeros(1600, dtype=np.float32)
-        self.prepare(
-            {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "audio": silence}
-        )
+        content = [{"type": "audio", "audio": silence}, {"type": "text", "text": "hi"}]
+        self.prepare({"kind": "chat", "messages": [{"role": "user", "content": content}]})
 
     def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         kind = req["kind"]
@@ -55,12 +54,8 @@ class OmniPreprocess(RequestPreprocessor):
                     "content": [*content, {"type": "text", "text": TRANSCRIBE_INSTRUCTION}],
                 }
             ]
-        else:
+        else:  # a chat: each media part stands in its own turn, in order (worker.api.chat)
             messages = [dict(m) for m in req.get("messages", [])]
-            if (
-                req.get("audio") is not None
-            ):  # audio sent beside the messages joins the last user turn
-                _attach(messages, {"type": "audio", "audio": req["audio"]})
         for part in media_parts(messages, "audio"):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
@@ -74,15 +69,3 @@ class OmniPreprocess(RequestPreprocessor):
         if forced is not None:
             prepared["forced_ids"] = forced
         return prepared
-
-
-def _attach(messages: list[dict[str, Any]], part: dict[str, Any]) -> None:
-    users = [m for m in messages if m.get("role") == "user"]
-    if not users:
-        messages.append({"role": "user", "content": []})
-        users = messages[-1:]
-    last = users[-1]
-    content = last.get("content")
-    if not isinstance(content, list):
-        content = [{"type": "text", "text": content or ""}] if content else []
-    last["content"] = [part, *content]
