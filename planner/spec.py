@@ -65,7 +65,10 @@ class EngineSettings(Strict):
     max_new_tokens: int = Field(256, ge=1)
     kv_dtype: DType | None = Field(None, description="KV cache dtype; None = the stage's dtype")
     prefill_chunk_tokens: int = Field(
-        2048, ge=1, description="tokens prefilled per step; sizes the activation estimate"
+        2048,
+        ge=1,
+        description="prompt tokens admitted per step while others decode (whole prompts: a "
+        "longer one is prefilled alone, not in chunks); sizes the activation estimate",
     )
 
 
@@ -75,12 +78,20 @@ class BatchingSettings(Strict):
 
 
 class StreamingSettings(Strict):
-    """How a vocoder cuts a stream of codec frames into decodes (``stages.X.streaming.*``)."""
+    """How a vocoder cuts a stream of codec frames into decodes (``stages.X.streaming.*``):
+    in the reference decode's blocks, streamed within each (worker.stages.vocoder_blocks)."""
 
-    first_chunk_frames: int = Field(4, ge=1, description="frames in the first chunk (first packet)")
-    chunk_frames: int = Field(10, ge=1, description="frames in every later chunk")
+    block_frames: int = Field(
+        300, ge=1, description="frames the reference decodes in one pass (chunked_decode)"
+    )
     left_context_frames: int = Field(
-        25, ge=0, description="earlier frames decoded with each chunk (as chunked_decode does)"
+        25, ge=0, description="earlier frames decoded with each block but the first"
+    )
+    first_chunk_frames: int = Field(
+        4, ge=1, description="frames in a block's first step (the first packet)"
+    )
+    chunk_frames: int = Field(
+        10, ge=1, description="the largest step within a block (steps double from the first)"
     )
 
 

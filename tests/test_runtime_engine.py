@@ -41,6 +41,12 @@ SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
 LONG_PROMPT = [{"role": "user", "content": "Tell me a story."}]
 
 
+def with_audio(clip: np.ndarray) -> list[dict]:
+    """LONG_PROMPT with an audio part before its text (float32 at 16 kHz, as chat decodes it)."""
+    text = {"type": "text", "text": LONG_PROMPT[0]["content"]}
+    return [{"role": "user", "content": [{"type": "audio", "audio": clip}, text]}]
+
+
 def make_engine(cache: Path, groups: dict[str, list[str]] | None = None) -> PipelineEngine:
     spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
     return PipelineEngine(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
@@ -222,7 +228,7 @@ async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
     # chat with an audio input part: the audio tokens join the user's turn
     plain = await collect(engine, chat("chat-plain", max_tokens=3))
     spoken = GenerationRequest(
-        "chat-audio-in", RequestKind.CHAT, messages=LONG_PROMPT, audio=wav16.astype(np.float32),
+        "chat-audio-in", RequestKind.CHAT, messages=with_audio(wav16.astype(np.float32)),
         max_tokens=3,
     )  # fmt: skip
     heard = await collect(engine, spoken)
@@ -300,7 +306,7 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
         requests = (
             chat("layout-text", max_tokens=20),
             GenerationRequest(
-                "layout-speech", RequestKind.CHAT, messages=LONG_PROMPT, audio=chirp(),
+                "layout-speech", RequestKind.CHAT, messages=with_audio(chirp()),
                 output_audio=True, max_tokens=10,
             ),
         )  # fmt: skip

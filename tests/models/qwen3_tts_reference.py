@@ -92,9 +92,6 @@ def spec_for(spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int) -
     spec = yaml.safe_load((REPO / "configs" / "models" / f"{spec_name}.yaml").read_text())
     spec["model_dir"] = str(checkpoint)
     spec["stages"]["tts_engine"]["engine"]["max_new_tokens"] = max_new_tokens
-    # Left context over the whole utterance: the streamed chunks join into the one-pass decode
-    # the package does (its chunked decode only splits beyond 300 frames).
-    spec["stages"]["vocoder"]["streaming"]["left_context_frames"] = 300
     path = tmp / f"{spec_name}-{checkpoint.name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

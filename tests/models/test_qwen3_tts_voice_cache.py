@@ -100,3 +100,21 @@ def test_cache_is_bounded_least_recently_used_first() -> None:
     assert len(cache) == 2 and calls == ["a", "b", "c"]  # "b" was least recently used
     get("b")
     assert calls == ["a", "b", "c", "b"] and cache.hits == 1
+
+
+def test_the_checkpoints_max_new_tokens_bounds_the_specs(tmp_path: Path) -> None:
+    """The talker stops at the checkpoint's generation_config ``max_new_tokens`` where it is
+    below the spec's (it used the spec's 1536 over a checkpoint's 400)."""
+    import json
+    import shutil
+
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+    built = resolve_checkpoint(spec, SPEC, tmp_path / "cache", log=lambda _: None)
+    ck = tmp_path / "ck"
+    shutil.copytree(built, ck)
+    gen = json.loads((ck / "generation_config.json").read_text())
+    (ck / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 5}))
+    stage = spec.stages["tts_engine"]
+    ex = make_executor(StageContext("tts_engine", spec, stage, ck, "cpu", 4))
+    ex.load()
+    assert stage.engine.max_new_tokens > 5 and ex.max_new == 5

@@ -1,12 +1,9 @@
 """Qwen3-Omni's code2wav: streamed codec frames (all code groups) -> 24 kHz int16 chunks.
 
-Frames are cut at fixed boundaries (a short first chunk for a fast first packet, then
-``chunk_frames``); each chunk is decoded together with up to ``left_context_frames`` frames
-before it, and the context's samples are dropped, as ``Qwen3OmniMoeCode2Wav.chunked_decode``
-does. The decoder is causal: with a left context that covers its receptive field the chunks
-join into exactly the one-pass decode. Its transposed convolutions leave each decode ``lag``
-samples short at the end, so every chunk after the first starts ``lag`` samples early.
-Boundaries never depend on timing, so the bytes are the same under any load.
+The stream is decoded in ``Qwen3OmniMoeCode2Wav.chunked_decode``'s blocks (``block_frames``, each
+with ``left_context_frames`` before it) and streams within each block
+(``worker.stages.vocoder_blocks``): the streamed waveform is transformers' decode of the same
+codes, at any length. Steps never depend on timing, so the bytes are the same under any load.
 """
 
 from __future__ import annotations
@@ -18,12 +15,13 @@ import numpy as np
 
 from worker.models.qwen3_omni.common import load
 from worker.stages.base import DONE, OUT, BatchQueue, Output, RequestMeta, StageExecutor
+from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
 
 
 @dataclass(slots=True)
 class _Stream:
+    progress: BlockStream
     frames: list[np.ndarray] = field(default_factory=list)  # (groups,) each
-    cut: int = 0  # frames already queued for decoding
     ended: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     queued: int = 0
@@ -36,25 +34,26 @@ class Code2WavExecutor(StageExecutor):
         self.torch = torch
         self.config, self.model = load(self.ctx)
         self.upsample = int(self.model.total_upsample)
-        s = self.ctx.stage.streaming
-        self.first_chunk, self.chunk, self.context = (
-            s.first_chunk_frames,
-            s.chunk_frames,
-            s.left_context_frames,
-        )
         b = self.ctx.stage.batching
         self.queue = BatchQueue(b.max_batch_size, b.window_ms)
         self.streams: dict[str, _Stream] = {}
-        self.lag = 0
+        self.blocks = self._blocks(lag=0)
+
+    def _blocks(self, lag: int) -> Blocks:
+        s = self.ctx.stage.streaming
+        return Blocks(
+            s.block_frames, s.left_context_frames, s.first_chunk_frames, s.chunk_frames,
+            self.upsample, lag,
+        )  # fmt: skip
 
     def warmup(self) -> None:
         groups = self.model.config.num_quantizers
-        frames = np.zeros((self.context + self.chunk, groups), np.int64)
+        frames = np.zeros((2 * self.ctx.stage.streaming.chunk_frames, groups), np.int64)
         wav = self._decode([frames])[0]
-        self.lag = len(frames) * self.upsample - wav.shape[-1]
+        self.blocks = self._blocks(lag=len(frames) * self.upsample - wav.shape[-1])
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.streams.setdefault(rid, _Stream())
+        self.streams.setdefault(rid, _Stream(BlockStream(self.blocks)))
 
     def feed(self, rid: str, src: str, data: Any) -> None:
         s = self.streams.get(rid)
@@ -81,32 +80,29 @@ class Code2WavExecutor(StageExecutor):
         return len(self.streams)
 
     def _cut(self, rid: str, s: _Stream) -> None:
-        while True:
-            end = s.cut + (self.first_chunk if s.cut == 0 else self.chunk)
-            if end > len(s.frames):
-                if not s.ended or s.cut >= len(s.frames):
-                    return
-                end = len(s.frames)
-            self.queue.put(rid, (s.cut, end))
+        """Queue every step whose frames have arrived (steps are planned ahead: each job
+        records where the stream stands after it)."""
+        while (job := s.progress.job(len(s.frames), s.ended)) is not None:
+            self.queue.put(rid, job)
             s.queued += 1
-            s.cut = end
+            s.progress.advance(job)
 
     def step(self) -> list[Output]:
         outs: list[Output] = []
-        batch = [(rid, span) for rid, span in self.queue.take() if rid in self.streams]
+        batch: list[tuple[str, Job]] = [
+            (rid, job) for rid, job in self.queue.take() if rid in self.streams
+        ]
         if batch:
-            windows = []
-            for rid, (a, b) in batch:
-                frames = self.streams[rid].frames
-                windows.append(np.stack(frames[max(0, a - self.context) : b]))
-            for (rid, (a, _end)), wav in zip(batch, self._decode(windows), strict=True):
-                ctx = a - max(0, a - self.context)
-                start = ctx * self.upsample - (self.lag if a > 0 else 0)
-                pcm = np.clip(np.round(wav[start:] * 32767.0), -32768, 32767).astype("<i2")
+            windows = [
+                np.stack(self.streams[rid].frames[job.window : job.end]) for rid, job in batch
+            ]
+            for (rid, job), wav in zip(batch, self._decode(windows), strict=True):
+                part = wav[job.keep_from : job.keep_to]
+                pcm = np.clip(np.round(part * 32767.0), -32768, 32767).astype("<i2")
                 outs.append((OUT, rid, ("audio", pcm)))
                 self.streams[rid].queued -= 1
         for rid, s in list(self.streams.items()):
-            if s.ended and s.queued == 0 and s.cut >= len(s.frames):
+            if s.ended and s.queued == 0 and s.progress.done >= len(s.frames):
                 del self.streams[rid]
                 outs.append((DONE, rid, s.info))
         return outs

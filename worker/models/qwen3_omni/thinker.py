@@ -111,6 +111,8 @@ class ThinkerExecutor(StageExecutor):
                 n = len(r.payload["input_ids"])
                 if self.running and n > budget:
                     break  # long prompts wait for the next step so running decodes keep flowing
+                if self.running and not self._kv_room(n):
+                    break  # waits for room in the plan's KV pool
                 self.pending.pop(0)
                 budget -= n
                 try:
@@ -120,6 +122,13 @@ class ThinkerExecutor(StageExecutor):
             if self.running:
                 outs += self._decode()
         return outs
+
+    def _kv_room(self, n: int) -> bool:
+        """One more row of a prompt of ``n`` tokens fits the plan's KV pool (``kv_tokens``; the
+        left-padded batch holds rows x its longest row)."""
+        kv = self.ctx.kv_tokens
+        width = max(self.batch.mask.shape[1] if self.batch.mask is not None else 0, n)
+        return not kv or (len(self.batch) + 1) * width <= kv
 
     # ---- prefill ---------------------------------------------------------------------------
     def _prefill(self, r: _Request) -> list[Output]:
@@ -131,6 +140,11 @@ class ThinkerExecutor(StageExecutor):
         if n >= self.engine.context_length:
             raise ValueError(
                 f"prompt of {n} tokens exceeds the context length {self.engine.context_length}"
+            )
+        if self.ctx.kv_tokens and n >= self.ctx.kv_tokens:  # could never fit the pool
+            raise ValueError(
+                f"prompt of {n} tokens exceeds the context length {self.ctx.kv_tokens} that "
+                "this stage's KV pool holds"
             )
         r.max_new = min(r.max_new, self.engine.context_length - n)
         embeds = self.embed(ids)

@@ -6,9 +6,10 @@
   codes from the speech tokenizer's encoder (component ``speech_tokenizer`` / ``encoder``).
 * ``tts_engine`` (component: the root model, talker + speaker encoder) builds each talker prompt
   and steps all running requests together, one frame each per step, streaming every frame on.
-* ``vocoder`` (``speech_tokenizer`` / ``decoder``) decodes frames in chunks that ramp up
-  (1, 2, 4, ... frames up to ``chunk_frames``: the first audio needs one talker step), each
-  with up to ``left_context_frames`` earlier frames as context, as the model's chunked decode.
+* ``vocoder`` (``speech_tokenizer`` / ``decoder``) decodes frames in the package's blocks (300
+  frames, 25 before each) and streams within each block in steps that ramp up (1, 2, 4, ...
+  frames up to ``chunk_frames``: the first audio needs one talker step), so that the streamed
+  waveform is the package's decode at any length (``worker.stages.vocoder_blocks``).
 
 Speech options travel in the request's ``messages`` as one ``{"role": "tts_options", ...}``
 entry (language, instructions, reference text, and ``voice_key``: an uploaded voice's content
@@ -37,6 +38,7 @@ from worker.stages.base import (
     RequestPreprocessor,
     StageExecutor,
 )
+from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
 
 OPTIONS_ROLE = "tts_options"
 VOICE_RATE = 24_000  # Hz: the rate of reference audio handed to the stages
@@ -177,8 +179,13 @@ class TTSEngineExecutor(StageExecutor):
         )
         self.model = model.eval()
         self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
-        self.engine = TalkerEngine(self.model, generation_defaults(ck))
-        self.max_new = self.ctx.stage.engine.max_new_tokens
+        defaults = generation_defaults(ck)
+        self.engine = TalkerEngine(self.model, defaults)
+        # the spec's cap, within the checkpoint's own max_new_tokens (the package's default)
+        self.max_new = min(
+            self.ctx.stage.engine.max_new_tokens,
+            int(defaults.get("max_new_tokens") or self.ctx.stage.engine.max_new_tokens),
+        )
         self.max_running = self.ctx.max_running_requests
         self.context = self.ctx.stage.engine.context_length
         self.pending: list[_Req] = []
@@ -289,9 +296,8 @@ class TTSEngineExecutor(StageExecutor):
 
 @dataclass
 class _Stream:
+    progress: BlockStream
     frames: list[np.ndarray] = field(default_factory=list)
-    cut: int = 0
-    base: int = 0  # leading context frames (a cloned voice's reference codes): never output
     ended: bool = False
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -321,30 +327,33 @@ class TTSVocoderExecutor(StageExecutor):
         self.decoder = dec.eval()
         self.upsample = dec.total_upsample
         s = self.ctx.stage.streaming
-        self.first, self.chunk, self.context = (
-            s.first_chunk_frames,
-            s.chunk_frames,
-            s.left_context_frames,
-        )
+        # the package's decode: 300-frame blocks with 25 frames before each (SpeechDecoder.chunked)
+        self.blocks = Blocks(
+            s.block_frames, s.left_context_frames, s.first_chunk_frames, s.chunk_frames,
+            self.upsample,
+        )  # fmt: skip
         self.streams: dict[str, _Stream] = {}
 
     def warmup(self) -> None:
         groups = self.decoder.num_quantizers
         with self.torch.inference_mode():
-            self.decoder(self.torch.zeros(1, groups, 2, dtype=self.torch.long))
+            wav = self.decoder(self.torch.zeros(1, groups, 2, dtype=self.torch.long))
+        if wav.shape[-1] != 2 * self.upsample:  # (every decode is whole: no lag to stream)
+            raise RuntimeError(f"the decoder gave {wav.shape[-1]} samples for 2 frames")
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.streams.setdefault(rid, _Stream())
+        self.streams.setdefault(rid, _Stream(BlockStream(self.blocks)))
 
     def feed(self, rid: str, src: str, data: Any) -> None:
         s = self.streams.get(rid)
         if s is None:
             return
         if "context" in data:
+            # a cloned voice's reference codes: decoded first, as the package decodes the
+            # reference and the reply in one sequence, and their audio never sent
             ctx = list(np.asarray(data["context"], dtype=np.int64))
             s.frames[:0] = ctx
-            s.base += len(ctx)
-            s.cut += len(ctx)
+            s.progress = BlockStream.after(self.blocks, len(ctx))
         else:
             s.frames.extend(np.asarray(data["codes"], dtype=np.int64))
 
@@ -356,51 +365,38 @@ class TTSVocoderExecutor(StageExecutor):
     def abort(self, rid: str) -> None:
         self.streams.pop(rid, None)
 
-    def _size(self, s: _Stream) -> int:
-        """Chunk sizes ramp 1, 2, 4, ... (from ``first_chunk_frames``) up to ``chunk_frames``."""
-        size, done = self.first, 0
-        while done + size <= s.cut - s.base:
-            done += size
-            size = min(size * 2, self.chunk)
-        return size
-
-    def _ready(self, s: _Stream) -> bool:
-        return s.ended or len(s.frames) - s.cut >= self._size(s)
-
     def next_deadline(self) -> float | None:
-        return 0.0 if any(self._ready(s) for s in self.streams.values()) else None
+        ready = any(s.progress.job(len(s.frames), s.ended) for s in self.streams.values())
+        return 0.0 if ready or any(s.ended for s in self.streams.values()) else None
 
     def queue_depth(self) -> int:
         return len(self.streams)
 
     def step(self) -> list[Output]:
-        """One chunk for every stream that has one ready; windows of equal length (the usual
-        case under load: same chunk size, full context) decode as one batch of up to
-        ``batching.max_batch_size`` (1: every window alone, so the bytes never depend on what
-        else runs: batched convolutions round differently)."""
+        """One step for every stream that has one ready; windows of equal length decode as
+        one batch of up to ``batching.max_batch_size`` (1: every window alone, so the bytes
+        never depend on what else runs: batched convolutions round differently)."""
         torch = self.torch
         outs: list[Output] = []
-        jobs: dict[int, list[tuple[str, _Stream, int, int]]] = {}
+        jobs: dict[int, list[tuple[str, _Stream, Job]]] = {}
         for rid, s in self.streams.items():
-            size = self._size(s)
-            if len(s.frames) - s.cut >= size or (s.ended and s.cut < len(s.frames)):
-                end = min(s.cut + size, len(s.frames))
-                a = max(0, s.cut - self.context)
-                jobs.setdefault(end - a, []).append((rid, s, a, end))
+            job = s.progress.job(len(s.frames), s.ended)
+            if job is not None:
+                jobs.setdefault(job.end - job.window, []).append((rid, s, job))
         cap = max(1, self.ctx.stage.batching.max_batch_size)
         groups = [g[i : i + cap] for g in jobs.values() for i in range(0, len(g), cap)]
         for group in groups:
-            windows = np.stack([np.stack(s.frames[a:end]).T for _, s, a, end in group])
+            windows = np.stack([np.stack(s.frames[j.window : j.end]).T for _, s, j in group])
             with torch.inference_mode():
                 wavs = self.decoder(torch.from_numpy(windows).to(self.ctx.device))
             wavs = wavs.float().cpu().numpy()[:, 0]
-            for (rid, s, a, end), wav in zip(group, wavs, strict=True):
-                wav = wav[(s.cut - a) * self.upsample :]
-                pcm = np.clip(np.round(wav * 32767.0), -32768, 32767).astype("<i2")
+            for (rid, s, job), wav in zip(group, wavs, strict=True):
+                part = wav[job.keep_from : job.keep_to]
+                pcm = np.clip(np.round(part * 32767.0), -32768, 32767).astype("<i2")
                 outs.append((OUT, rid, ("audio", pcm)))
-                s.cut = end
+                s.progress.advance(job)
         for rid, s in list(self.streams.items()):
-            if s.ended and s.cut >= len(s.frames):
+            if s.ended and s.progress.done >= len(s.frames):
                 del self.streams[rid]
                 outs.append((DONE, rid, s.info))
         return outs

@@ -1,0 +1,142 @@
+"""Streamed speech is the reference's decode at any length: the vocoder stages of Qwen3-Omni
+(code2wav) and Qwen3-TTS (the speech tokenizer's decoder), fed a long stream of codes a few
+frames at a time, give byte for byte what the reference decodes from the whole utterance
+(``Qwen3OmniMoeCode2Wav.chunked_decode`` and the package's ``SpeechDecoder.chunked``: 300-frame
+blocks, 25 frames before each). Before, small chunks with 25 frames of context drifted from the
+reference after the first few seconds (the decoders' attention sees hundreds of frames back).
+
+The executors run in this process on the embedded tiny checkpoints (the stage code of the
+shipped specs) with 40-frame blocks (``block_frames``; the shipped 300 cost the same code a
+minute on two cores: each step re-decodes its block from the start), so replies of several
+blocks cost seconds, not a talker run each. Equal means to float rounding: windows of other
+lengths round a sample by one int16 step now and then."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from planner.spec import ModelSpec
+from worker.models.checkpoint import resolve_checkpoint
+from worker.stages.base import DONE, OUT, RequestMeta, StageContext
+from worker.stages.registry import make_executor
+from worker.stages.vocoder_blocks import Blocks, BlockStream
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 40
+FRAMES = 150  # blocks of 40, 40, 40, 30
+TOLERANCE = 2  # int16 steps, as the reference tests allow
+
+
+def executor(spec_name: str, stage: str, cache: Path):
+    path = REPO / "configs" / "models" / f"{spec_name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["stages"][stage].setdefault("streaming", {}).update(
+        block_frames=BLOCK, left_context_frames=25
+    )
+    spec = ModelSpec.model_validate(raw)
+    checkpoint = resolve_checkpoint(spec, path, cache, log=lambda _m: None)
+    ex = make_executor(StageContext(stage, spec, spec.stages[stage], checkpoint, "cpu", 4))
+    ex.load()
+    ex.warmup()
+    return ex
+
+
+def stream(ex, codes: np.ndarray, context: np.ndarray | None = None, seed: int = 0) -> bytes:
+    """Feed ``codes`` (frames, groups) in pieces of 1-7 frames, stepping as a stage does."""
+    meta = RequestMeta("speech", frozenset({"audio"}))
+    ex.start("r", meta, {})
+    if context is not None:
+        ex.feed("r", "talker", {"context": context})
+    rng = np.random.default_rng(seed)
+    pcm: list[bytes] = []
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        for kind, _rid, data in ex.step():
+            if kind == OUT:
+                pcm.append(data[1].tobytes())
+            elif kind == DONE:
+                done = True
+
+    at = 0
+    while at < len(codes):
+        n = int(rng.integers(1, 8))
+        ex.feed("r", "talker", {"codes": codes[at : at + n]})
+        at += n
+        run()
+    ex.end_stream("r", "talker", {})
+    while not done:
+        run()
+    return b"".join(pcm)
+
+
+def assert_equal_audio(streamed: bytes, wav) -> None:
+    x = np.asarray(wav, np.float32).reshape(-1)
+    reference = np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int32)
+    got = np.frombuffer(streamed, "<i2").astype(np.int32)
+    assert got.shape == reference.shape
+    assert np.abs(reference).max() > 100  # real audio, not silence
+    assert np.abs(got - reference).max() <= TOLERANCE
+
+
+def random_codes(frames: int, groups: int, size: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, size, (frames, groups)).astype(np.int64)
+
+
+def test_block_steps_ramp_within_blocks_and_restart_at_each() -> None:
+    blocks = Blocks(block=300, context=25, first=1, chunk=8, upsample=10, lag=3)
+    s = BlockStream(blocks)
+    spans = []
+    while (job := s.job(700, ended=True)) is not None:
+        spans.append((job.window, job.end, job.keep_to - job.keep_from))
+        s.advance(job)
+    ends = [e for _, e, _ in spans]
+    assert ends[:5] == [1, 3, 7, 15, 23] and 300 in ends and 600 in ends and ends[-1] == 700
+    assert all(w == 0 for w, e, _ in spans if e <= 300)  # the first block has no context
+    assert all(w == 275 for w, e, _ in spans if 300 < e <= 600)  # 25 frames before the block
+    # every sample of the reference's output once: each block 3 samples short, as its decode
+    assert sum(n for _, _, n in spans) == 700 * 10 - 3 * 3
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vocoder-cache")
+
+
+def test_omni_code2wav_streams_transformers_chunked_decode(cache: Path) -> None:
+    import torch
+
+    ex = executor("tiny-omni", "code2wav", cache)
+    cfg = ex.model.config
+    codes = random_codes(FRAMES, cfg.num_quantizers, cfg.codebook_size)
+    with torch.inference_mode():
+        reference = ex.model.chunked_decode(torch.from_numpy(codes.T[None]), BLOCK, 25)
+        short = codes[: BLOCK - 5]  # within the first block: the one-pass decode
+        one_pass = ex.model(torch.from_numpy(short.T[None]))
+    assert_equal_audio(stream(ex, codes), reference)
+    assert_equal_audio(stream(ex, short, seed=3), one_pass)
+
+
+@pytest.mark.parametrize("spec", ["tiny-qwen3-tts", "tiny-qwen3-tts-base"])
+def test_tts_vocoder_streams_the_packages_decode(spec: str, cache: Path) -> None:
+    import torch
+
+    ex = executor(spec, "vocoder", cache)
+    dec = ex.decoder
+    size = dec.cfg["codebook_size"]
+    codes = random_codes(FRAMES, dec.num_quantizers, size)
+    with torch.inference_mode():
+        reference = dec.chunked(torch.from_numpy(codes.T[None]), BLOCK, 25)
+    assert_equal_audio(stream(ex, codes), reference)
+    # a cloned voice: its reference codes are decoded first, in one sequence, and cut off
+    ref = random_codes(30, dec.num_quantizers, size, seed=2)
+    with torch.inference_mode():
+        joined = dec.chunked(torch.from_numpy(np.concatenate([ref, codes]).T[None]), BLOCK, 25)
+    assert_equal_audio(
+        stream(ex, codes, context=ref, seed=5), joined[..., 30 * dec.total_upsample :]
+    )
