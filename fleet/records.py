@@ -63,6 +63,19 @@ class WorkerRecord(BaseModel):
     version: str = "0.1.0"
 
 
+class ProcessMemory(BaseModel):
+    """One stage process's memory: what the plan gave it and the most it has held so far
+    (the caching allocator's reserved peak on a GPU, the resident peak on the CPU)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    device: str  # "gpu" | "cpu"
+    planned_bytes: int = 0
+    peak_bytes: int = 0
+    # the caching allocator's cap on a GPU (the plan's share of the device); None on the CPU
+    limit_fraction: float | None = None
+
+
 class LoadReport(BaseModel):
     """What a worker measures about itself, published several times a second."""
 
@@ -76,6 +89,7 @@ class LoadReport(BaseModel):
     active_sessions: int = 0
     ttft_ms: float | None = None  # recent time to first token (p50 of a short window)
     ttfa_ms: float | None = None  # recent time to first audio chunk
+    memory: dict[str, ProcessMemory] = Field(default_factory=dict)  # stage process name ->
     healthy: bool = True
 
 

@@ -169,6 +169,13 @@ def test_registered_ready_with_plan_and_load(workers, fleet_redis, events) -> No
     wait_for(lambda: json.loads(client.get(KEYS.load("A")))["at"] > first, 1.0, "a new report")
     load = json.loads(client.get(KEYS.load("A")))
     assert set(load["queue_depth"]) and load["in_flight"] == 0 and load["healthy"]
+    # each stage process's measured peak beside what the plan gave it (host memory on the CPU)
+    planned = {p["name"] for p in plan["nodes"][0]["processes"]}
+    assert set(load["memory"]) == planned
+    for name, mem in load["memory"].items():
+        assert mem["device"] == "cpu" and mem["limit_fraction"] is None, name
+        assert mem["planned_bytes"] > 0 and mem["peak_bytes"] > 10 * 2**20, (name, mem)
+    assert "chelsie" in record["voices"]  # the built-in voices, for the routers' /v1/models
     # joined (as starting) before ready, for both workers
     kinds = [e["kind"] for e in events if e["worker_id"] == "A"]
     assert kinds[:2] == ["joined", "ready"], kinds

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from fleet.records import ProcessMemory
+
 
 class RequestKind(StrEnum):
     CHAT = "chat"
@@ -83,6 +85,7 @@ class EngineStatus:
     healthy: bool
     stages: dict[str, StageLoad]
     detail: str = ""  # e.g. "restarting process group talker"
+    memory: dict[str, ProcessMemory] = field(default_factory=dict)  # per stage process
 
 
 ProgressCallback = Callable[[str], None]

@@ -225,6 +225,7 @@ class WorkerService:
             active_sessions=self.active_sessions(),
             ttft_ms=self.ttft.p50(),
             ttfa_ms=self.ttfa.p50(),
+            memory=status.memory,
             healthy=status.healthy and self.status != WorkerStatus.UNHEALTHY,
         )
 

@@ -66,11 +66,14 @@ def test_repo_ids_resolve_offline_from_the_cache_only(
 @pytest.mark.slow
 def test_the_30b_speech_spec_serves_a_tiny_checkpoint_on_cpu(tiny_checkpoint: Path) -> None:
     spec = REPO / "configs" / "models" / "qwen3-omni-30b-a3b-speech.yaml"
+    # a talker context far below the thinker's: a long prompt fits the thinker, not the talker
     worker = WorkerProcess(
-        "--spec", str(spec), "--model-dir", str(tiny_checkpoint), "--gpus", "cpu"
-    )
+        "--spec", str(spec), "--model-dir", str(tiny_checkpoint), "--gpus", "cpu",
+        "--talker.engine.context_length", "64", "--talker.engine.max_new_tokens", "32",
+    )  # fmt: skip
     try:
         worker.wait_ready(timeout=300)
+        assert "thinker:fp32" in worker.log(400) and "talker:fp32" in worker.log(400)
         body = {
             "model": "qwen3-omni-30b-a3b",
             "messages": [{"role": "user", "content": "Hello?"}],
@@ -82,6 +85,12 @@ def test_the_30b_speech_spec_serves_a_tiny_checkpoint_on_cpu(tiny_checkpoint: Pa
         assert r.status_code == 200, r.text
         message = r.json()["choices"][0]["message"]
         assert message["content"] and len(message["audio"]["data"]) > 1000
+        # the talker's prompt carries the user turn: over its own context, a clear 400
+        long = {**body, "messages": [{"role": "user", "content": "Hello there, " * 40}]}
+        r = httpx.post(worker.url + "/v1/chat/completions", json=long, timeout=300)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "talker" in error["message"]
     finally:
         worker.proc.terminate()
         worker.wait_exit(60)

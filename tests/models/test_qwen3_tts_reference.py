@@ -41,6 +41,11 @@ CV_REQUESTS = [
     {"text": "Streaming text input.", "speaker": "ryan", "language": "German",
      "non_streaming_mode": False},
 ]  # fmt: skip
+# a reply past the vocoder's first 300-frame block (the package decodes 300 frames at a time,
+# 25 before each): the streamed waveform must be the package's decode there too
+LONG_NEW = 330
+LONG_REQUEST = {"text": "A reply long enough to span two vocoder blocks.", "speaker": "vivian",
+                "language": "English", "max_new_tokens": LONG_NEW}  # fmt: skip
 CLONE_REQUESTS = [
     {"text": "Cloned words here.", "language": "English", "ref_text": "A reference."},
     {"text": "Only the x vector.", "language": "Auto", "x_vector_only": True},
@@ -73,6 +78,7 @@ def official(tmp_path_factory) -> dict:
     _, stored = _reference_audio()
     np.save(tmp / "ref.npy", stored)
     runs = {name: [dict(r, max_new_tokens=MAX_NEW) for r in CV_REQUESTS] for name in CV}
+    runs[CV[1]].append(LONG_REQUEST)  # result index len(CV_REQUESTS)
     clone = {"ref_audio": str(tmp / "ref.npy"), "ref_sr": 24_000, "max_new_tokens": MAX_NEW}
     runs |= {name: [dict(r, **clone) for r in CLONE_REQUESTS] for name in BASE}
     results = ref.official_generate(runs, checkpoints, tmp)
@@ -179,6 +185,21 @@ def test_worker_speech_equals_official(name: str, official: dict) -> None:
             if r.get("instruct"):
                 body["instructions"] = r["instruct"]
             _close(_speech(worker, "tiny-qwen3-tts", body), res[f"{i}.wav"], f"request {i}")
+    finally:
+        worker.stop()
+
+
+def test_worker_speech_spanning_vocoder_blocks_equals_official(official: dict) -> None:
+    """329 frames: the first block whole, then 29 frames decoded with 25 before them."""
+    tmp = official["tmp"]
+    spec = ref.spec_for("tiny-qwen3-tts", official["checkpoints"][CV[1]], tmp, LONG_NEW)
+    wav = official["results"][CV[1]][f"{len(CV_REQUESTS)}.wav"]
+    assert wav.shape[0] == (LONG_NEW - 1) * 1920
+    worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
+    try:
+        worker.wait_ready(timeout=300)
+        body = {"input": LONG_REQUEST["text"], "voice": "vivian", "language": "English"}
+        _close(_speech(worker, "tiny-qwen3-tts", body), wav, "a reply of two blocks")
     finally:
         worker.stop()
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.records import ProcessMemory
 from planner.plan import NodePlan, ProcessPlan
 from planner.spec import ModelSpec, resolve_model_dir
 from worker.engine import (
@@ -79,6 +80,7 @@ class _Replica:
     load: dict[str, tuple[int, float]] = field(default_factory=dict)
     # process group -> its edges' counts since the process started
     traffic: dict[str, dict[Edge, tuple[int, int, int]]] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)  # process name -> its peak bytes
     requests: dict[str, _Request] = field(default_factory=dict)
 
     @property
@@ -185,7 +187,25 @@ class PipelineEngine:
             detail = detail or "starting"
         if self._stopping:
             detail = "stopped"
-        return EngineStatus(ready=ready, healthy=healthy, stages=stages, detail=detail)
+        return EngineStatus(ready, healthy, stages, detail, self._memory())
+
+    def _memory(self) -> dict[str, ProcessMemory]:
+        """Each stage process's planned memory (per GPU; on the CPU, its stages' host memory)
+        beside the most it has held, as its last load report measured it."""
+        out: dict[str, ProcessMemory] = {}
+        for rep in self._replicas:
+            for pp in rep.plans.values():
+                on_gpu = pp.device == "gpu"
+                planned = (
+                    pp.memory_per_gpu.total if on_gpu else sum(s.memory.total for s in pp.stages)
+                )
+                out[pp.name] = ProcessMemory(
+                    device=pp.device,
+                    planned_bytes=planned,
+                    peak_bytes=rep.peaks.get(pp.name, 0),
+                    limit_fraction=pp.engine_fraction if on_gpu else None,
+                )
+        return out
 
     def speakers(self) -> list[str]:
         return list(self._speakers)
@@ -359,6 +379,7 @@ class PipelineEngine:
             if kind == m.LOAD:
                 rep.load.update(msg[1])
                 rep.traffic[proc.cfg.process] = msg[2]
+                rep.peaks[proc.cfg.process] = msg[3]
             elif kind == m.PROGRESS:
                 self._progress(msg[1])
             elif kind == m.READY:
@@ -426,6 +447,8 @@ class PipelineEngine:
             shm_prefix=self.shm_prefix,
             max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
             kv_tokens={sp.stage: sp.kv_tokens for sp in pp.stages},
+            # the caching allocator's cap: the process's planned share of its GPU
+            memory_fraction=pp.engine_fraction if pp.device == "gpu" else None,
         )
         loop = self._loop
         assert loop is not None

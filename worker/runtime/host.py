@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import resource
 import signal
 import time
 import traceback
@@ -35,6 +36,8 @@ class HostConfig:
     shm_prefix: str = "omni"
     max_running: dict[str, int] = field(default_factory=dict)
     kv_tokens: dict[str, int] = field(default_factory=dict)  # 0 / absent: no limit
+    # the fraction of its GPU the process's caching allocator may hold (the plan's share)
+    memory_fraction: float | None = None
 
 
 class _Busy:
@@ -56,6 +59,16 @@ class _Busy:
         self.value += alpha * (frac - self.value)
         self.acc, self.last = 0.0, now
         return self.value
+
+
+def peak_bytes(device: str) -> int:
+    """The most this process has held: the caching allocator's reserved peak on a GPU (what
+    counts against its share), the resident set's peak on the CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.max_memory_reserved(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def stage_device(declared: str, process_device: str) -> str:
@@ -82,7 +95,7 @@ def host_main(cfg: HostConfig, inbox: Any, outbox: Any) -> None:
     except Exception:
         outbox.send([(m.FATAL, traceback.format_exc())])
         return
-    _serve(executors, spec, inbox, outbox)
+    _serve(executors, spec, inbox, outbox, cfg.device)
 
 
 def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
@@ -94,6 +107,10 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     from worker.stages.registry import make_executor
 
     torch.set_num_threads(cfg.threads)
+    if cfg.device.startswith("cuda") and cfg.memory_fraction:
+        # five processes may share one GPU (the colocated spec): each stays within its share,
+        # and an allocation past it fails in that process instead of starving its neighbours
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_fraction), cfg.device)
     hf_logging.disable_progress_bar()  # stage logs are progress lines, not tqdm bars
     spec = ModelSpec.model_validate_json(cfg.spec_json)
     executors: dict[str, Any] = {}
@@ -118,7 +135,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     return spec, executors
 
 
-def _serve(executors: dict[str, Any], spec: Any, inbox: Any, outbox: Any) -> None:
+def _serve(executors: dict[str, Any], spec: Any, inbox: Any, outbox: Any, device: str) -> None:
     from worker.runtime.dispatch import Dispatcher
 
     dispatch = Dispatcher(spec, executors)
@@ -161,6 +178,6 @@ def _serve(executors: dict[str, Any], spec: Any, inbox: Any, outbox: Any) -> Non
         if now - last_load >= LOAD_INTERVAL:
             last_load = now
             load = {n: (ex.queue_depth(), busy[n].sample()) for n, ex in executors.items()}
-            outs.append((m.LOAD, load, dispatch.traffic_report()))
+            outs.append((m.LOAD, load, dispatch.traffic_report(), peak_bytes(device)))
         if outs:
             outbox.send(outs)

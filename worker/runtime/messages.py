@@ -24,7 +24,7 @@ coordinator -> stage process (one multiprocessing queue per process; each put is
   (STOP,)
 stage process -> coordinator (one pipe per process; each send is a list of):
   (PROGRESS, text) | (READY, stage) | (FATAL, text)
-  (LOAD, {stage: (depth, busy)}, {(src, dst): (handed over, serialised, bytes)})
+  (LOAD, {stage: (depth, busy)}, {(src, dst): (handed over, serialised, bytes)}, peak bytes)
   (kind, stage, rid, payload)            an output above that must leave the process
 Payload arrays above a small size travel through shared memory (see transport.py).
 """
