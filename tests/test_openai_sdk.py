@@ -139,3 +139,39 @@ def test_sdk_errors_are_typed(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         wrong.models.list()
     assert err.value.body["code"] == "invalid_api_key"
+
+
+def test_sampling_fields_are_honoured(sdk: openai.OpenAI) -> None:
+    """temperature, seed, top_k and stop change what the model says (they were accepted and
+    ignored: four seeds at temperature 1 gave one text, stop was not honoured). A seeded
+    request gives the same text on whichever worker the router picks."""
+    messages = [{"role": "user", "content": "Tell me something new."}]
+
+    def say(**kw: object) -> openai.types.chat.ChatCompletion:
+        return sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, **kw)
+
+    greedy = say().choices[0].message.content
+    assert say(temperature=0).choices[0].message.content == greedy
+    assert say(temperature=1.0, extra_body={"top_k": 1}).choices[0].message.content == greedy
+    seeded = [say(temperature=1.0, seed=s).choices[0].message.content for s in (1, 1, 2, 3, 4)]
+    assert seeded[0] == seeded[1]
+    assert len(set(seeded[1:])) >= 3, seeded
+    # a stop text cuts the reply before it (not sent), finish_reason "stop", streamed alike
+    assert greedy and len(greedy) > 6
+    stop = greedy[4:6]
+    expected = greedy[: greedy.find(stop)]
+    out = say(stop=[stop, "\x00never"])
+    assert out.choices[0].message.content == expected
+    assert out.choices[0].finish_reason == "stop"
+    chunks = list(sdk.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, stop=stop, stream=True
+    ))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    for bad, param in (({"temperature": 2.5}, "temperature"), ({"top_k": 0}, "top_k")):
+        with pytest.raises(openai.BadRequestError) as err:
+            say(extra_body=bad)
+        assert err.value.param == param or param in str(err.value), err.value
+    with pytest.raises(openai.BadRequestError) as err:
+        say(stop="x", modalities=["text", "audio"], audio={"voice": VOICE, "format": "wav"})
+    assert err.value.param == "stop"

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from fleet.records import ProcessMemory
+from worker.stages.sampling import Sampling
 
 
 class RequestKind(StrEnum):
@@ -37,6 +38,8 @@ class GenerationRequest:
     voice_audio: np.ndarray | None = None  # reference audio of an uploaded voice (float32)
     max_tokens: int | None = None
     session_id: str | None = None
+    sampling: Sampling | None = None  # chat: how the thinker picks tokens (None: greedy)
+    stop: tuple[str, ...] = ()  # chat: texts that end the reply (cut before them)
 
 
 AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume

@@ -41,6 +41,7 @@ from worker.engine import (
     TextDelta,
 )
 from worker.service import Ticket, WorkerService
+from worker.stages.sampling import Sampling
 
 router = APIRouter()
 
@@ -97,6 +98,14 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
     return messages
 
 
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    given = [stop] if isinstance(stop, str) else list(stop or [])
+    for s in given:
+        if not s or len(s) > 256:
+            raise _bad("each stop text must be 1-256 characters", "stop")
+    return tuple(given)
+
+
 def _sse(data: dict | str) -> bytes:
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     return b"data: " + payload + b"\n\n"
@@ -117,6 +126,10 @@ async def chat_completions(request: Request) -> Response:
             raise _bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
+    stops = _stops(body.stop)
+    if stops and want_audio:
+        # the talker speaks each token as it comes: it cannot unsay what follows a stop text
+        raise _bad("stop is not supported with audio output; drop one of them", "stop")
     ticket = service.admit(session_of(request, body.user))
     try:
         messages = await _messages(service, body)
@@ -126,6 +139,17 @@ async def chat_completions(request: Request) -> Response:
             voice, voice_audio = await resolve_voice(service, body.audio.voice, "audio.voice")
         gen = GenerationRequest(
             request_id=new_id("chatcmpl"),
+            sampling=Sampling(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                min_p=body.min_p,
+                seed=body.seed,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
+            ),
+            stop=stops,
             kind=RequestKind.CHAT,
             messages=messages,
             output_audio=want_audio,

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible endpoints. Unknown fields are refused (a typo such
-as ``modality`` must not be silently ignored); OpenAI sampling fields are accepted, and
-documented as having no effect because decoding is greedy."""
+as ``modality`` must not be silently ignored), and so are values out of range (a 400 naming
+the field). A chat's sampling fields are honoured by the thinker (worker.stages.sampling)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ class Body(BaseModel):
 
 
 class _Sampling(Body):
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2, description="0 or unset: greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    # vLLM's and SGLang's extensions of OpenAI's fields
+    top_k: int | None = Field(None, ge=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -83,7 +87,7 @@ class ChatRequest(_Sampling):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: Literal[1] | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, max_length=4)  # (OpenAI: up to 4)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logprobs: Literal[False] | None = None

@@ -285,6 +285,8 @@ class PipelineEngine:
                 max_tokens=request.max_tokens,
                 voice=request.voice,
                 stream_targets=rt.stream_targets[s],
+                sampling=request.sampling,
+                stop=request.stop,
             )
             for s in rt.active
         }

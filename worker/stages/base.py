@@ -22,6 +22,7 @@ from planner.spec import ModelSpec, StageSpec
 # them from here, with the rest of their interface.
 from worker.runtime.graph import REQUEST_INPUT
 from worker.runtime.messages import CHUNK, DONE, END, ERROR, FINAL, INVALID, OUT, Output
+from worker.stages.sampling import Sampling
 
 __all__ = [
     "CHUNK",
@@ -65,6 +66,8 @@ class RequestMeta:
     max_tokens: int | None = None
     voice: str | None = None
     stream_targets: tuple[str, ...] = ()  # active stages this stage streams to
+    sampling: Sampling | None = None  # how the text decoder picks tokens (None: greedy)
+    stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)
 
 
 class StageExecutor(ABC):

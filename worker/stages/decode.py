@@ -4,6 +4,11 @@ Incremental detokenization over a sliding window (as vLLM does): the text of
 ``tokens[prefix:]`` minus that of ``tokens[prefix:read]`` is new, unless it ends in a partial
 UTF-8 character (``\\ufffd``), which waits for the next token. The window keeps decoding cost
 per token constant and gives context-dependent tokenizers (leading spaces) their context.
+
+A request's ``stop`` texts end its reply where the first of them appears: the text before it
+is sent, the stop text is not, and the stage reports ``finish_reason`` "stop" at once (the
+coordinator then ends the request in every stage). Text that could be the start of a stop
+text is held back until the next tokens show whether it is.
 """
 
 from __future__ import annotations
@@ -15,9 +20,13 @@ from worker.stages.preprocess import load_tokenizer
 
 
 class _Text:
-    __slots__ = ("dirty", "ended", "info", "prefix", "read", "tokens")
+    __slots__ = ("dirty", "ended", "held", "info", "prefix", "prompt_tokens", "read", "stops",
+                 "tokens")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, stops: tuple[str, ...] = ()) -> None:
+        self.stops = stops
+        self.held = ""  # text that may begin a stop text, not sent yet
+        self.prompt_tokens = 0
         self.tokens: list[int] = []
         self.prefix = 0  # start of the decoding window
         self.read = 0  # tokens before this are already in the emitted text
@@ -32,12 +41,13 @@ class DecodeExecutor(StageExecutor):
         self.reqs: dict[str, _Text] = {}
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.reqs.setdefault(rid, _Text())
+        self.reqs.setdefault(rid, _Text(tuple(s for s in meta.stop if s)))
 
     def feed(self, rid: str, src: str, data: Any) -> None:
         t = self.reqs.get(rid)
         if t is not None:
             t.tokens.extend(data["tokens"])
+            t.prompt_tokens = data.get("prompt_tokens", t.prompt_tokens)
             t.dirty = True
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
@@ -64,10 +74,43 @@ class DecodeExecutor(StageExecutor):
             decode = self.tokenizer.decode
             done = decode(t.tokens[t.prefix : t.read], skip_special_tokens=True)
             text = decode(t.tokens[t.prefix :], skip_special_tokens=True)
+            new = ""
             if len(text) > len(done) and (t.ended or not text.endswith("\ufffd")):
-                outs.append((OUT, rid, ("text", text[len(done) :])))
+                new = text[len(done) :]
                 t.prefix, t.read = t.read, len(t.tokens)
+            if t.stops:
+                new, stopped = _scan(t, new)
+                if stopped:
+                    if new:
+                        outs.append((OUT, rid, ("text", new)))
+                    del self.reqs[rid]
+                    info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
+                            "completion_tokens": len(t.tokens)}  # fmt: skip
+                    outs.append((DONE, rid, info))
+                    continue
+                if t.ended:  # what was held back is the reply's end after all
+                    new, t.held = new + t.held, ""
+            if new:
+                outs.append((OUT, rid, ("text", new)))
             if t.ended:
                 del self.reqs[rid]
                 outs.append((DONE, rid, t.info))
         return outs
+
+
+def _scan(t: _Text, new: str) -> tuple[str, bool]:
+    """(text to send now, whether a stop text was found): the held text and ``new`` up to the
+    earliest stop text, else all but a tail that may begin one."""
+    text = t.held + new
+    found = [i for i in (text.find(s) for s in t.stops) if i >= 0]
+    if found:
+        t.held = ""
+        return text[: min(found)], True
+    longest = max(len(s) for s in t.stops) - 1
+    hold = next(
+        (k for k in range(min(longest, len(text)), 0, -1)
+         if any(s.startswith(text[-k:]) for s in t.stops)),
+        0,
+    )  # fmt: skip
+    t.held = text[len(text) - hold :]
+    return text[: len(text) - hold], False

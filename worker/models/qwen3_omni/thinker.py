@@ -19,6 +19,7 @@ from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
+from worker.stages.sampling import SamplerState, Sampling, pick
 
 
 @dataclass(slots=True)
@@ -34,6 +35,7 @@ class _Request:
     prompt_len: int = 0
     forced: list[int] | None = None
     to_talker: bool = False
+    sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,6 +88,7 @@ class ThinkerExecutor(StageExecutor):
         if meta.max_tokens is not None:
             limit = min(limit, meta.max_tokens)
         r = _Request(rid, meta, payload, max_new=max(1, limit), forced=payload.get("forced_ids"))
+        r.sampler = SamplerState.of(meta.sampling, payload["input_ids"])
         r.to_talker = "talker" in meta.stream_targets
         self.pending.append(r)
 
@@ -175,17 +178,18 @@ class ThinkerExecutor(StageExecutor):
             visual_pos_masks=visual_mask,
         )
         r.pos, r.delta, r.prompt_len = n, int(deltas.view(-1)[0]), n
-        first: dict[str, Any] = {}
+        first: dict[str, Any] = {"prompt_tokens": n}  # (decode's usage if a stop string ends it)
         if r.to_talker:
             tts = self.embed(torch.tensor([self.tts_ids], device=dev))[0]
             first = {
+                **first,
                 "prompt_embed": embeds[0],
                 "prompt_hidden": out.hidden_states[self.accept][0],
                 "tts_embeds": tts,
             }
         if r.forced is not None:  # speech: the reply is given; stream it, generate nothing
             return self._forced(r, first)
-        token = self._pick(self.thinker.lm_head(out.last_hidden_state[:, -1]))[0]
+        token = self._pick(self.thinker.lm_head(out.last_hidden_state[:, -1]), [r])[0]
         self.running[r.rid] = r
         self.batch.join(r.rid, out.cache, n)
         outs = self._on_token(r, token, first)
@@ -249,7 +253,7 @@ class ThinkerExecutor(StageExecutor):
         logits, _ = self.batch.step(self._forward, embeds, valid, positions, False)
         outs: list[Output] = []
         done: set[str] = set()
-        for r, token in zip(rows, self._pick(logits), strict=True):
+        for r, token in zip(rows, self._pick(logits, rows), strict=True):
             r.pos += 1
             outs += self._on_token(r, token, {})
             if r.rid not in self.running:
@@ -273,15 +277,16 @@ class ThinkerExecutor(StageExecutor):
         )
         return SimpleNamespace(logits=self.thinker.lm_head(out.last_hidden_state), cache=out.cache)
 
-    def _pick(self, logits: Any) -> list[int]:
+    def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
         logits = logits.float()
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
-        return logits.argmax(dim=-1).tolist()
+        return pick(self.torch, logits, [r.sampler for r in rows])
 
     def _on_token(self, r: _Request, token: int, first: dict[str, Any]) -> list[Output]:
         if token in self.eos:
             return self._stop(r, "stop", first)
+        r.sampler.add(token)
         r.generated += 1
         r.last = token
         data: dict[str, Any] = {"tokens": [token], **first}
