@@ -175,3 +175,28 @@ def test_sampling_fields_are_honoured(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         say(stop="x", modalities=["text", "audio"], audio={"voice": VOICE, "format": "wav"})
     assert err.value.param == "stop"
+
+
+def test_logprobs_whole_and_streamed(sdk: openai.OpenAI) -> None:
+    """logprobs + top_logprobs: one entry per token whose texts join into the reply; greedy,
+    each chosen token is its own top alternative."""
+    kw = dict(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me something new."}],
+        max_tokens=12, logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    out = sdk.chat.completions.create(**kw)  # type: ignore[call-overload]
+    choice = out.choices[0]
+    entries = choice.logprobs.content
+    assert entries and len(entries) == out.usage.completion_tokens
+    assert "".join(e.token for e in entries) == choice.message.content
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob) and e.logprob <= 0
+        assert bytes(e.bytes) == e.token.encode()
+    chunks = list(sdk.chat.completions.create(stream=True, **kw))  # type: ignore[call-overload]
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]  # fmt: skip
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(**{**kw, "logprobs": False})  # type: ignore[call-overload]
+    assert err.value.param == "top_logprobs"

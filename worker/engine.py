@@ -40,6 +40,7 @@ class GenerationRequest:
     session_id: str | None = None
     sampling: Sampling | None = None  # chat: how the thinker picks tokens (None: greedy)
     stop: tuple[str, ...] = ()  # chat: texts that end the reply (cut before them)
+    logprobs: int | None = None  # chat: None, or the alternatives per token (top_logprobs)
 
 
 AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume
@@ -47,8 +48,16 @@ AUDIO_OUTPUT_RATE = 24_000  # Hz, what the vocoder produces (mono, int16 PCM on 
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)  # likeliest tokens, theirs
+
+
+@dataclass(slots=True)
 class TextDelta:
     text: str
+    logprobs: list[TokenLogprob] | None = None  # the tokens of this text, when asked for
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ from worker.engine import (
     RequestKind,
     StageFailed,
     TextDelta,
+    TokenLogprob,
 )
 from worker.service import Ticket, WorkerService
 from worker.stages.sampling import Sampling
@@ -98,6 +99,31 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
     return messages
 
 
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: token ids (as strings) -> -100..100, added to their logits."""
+    out = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or not -100 <= value <= 100:
+            raise _bad("logit_bias maps token ids to values from -100 to 100", "logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def _logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
+    """OpenAI's ``logprobs.content``: each token, its bytes, log probability and rivals."""
+    return [
+        {
+            "token": e.token,
+            "logprob": e.logprob,
+            "bytes": list(e.token.encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e.top
+            ],
+        }
+        for e in entries
+    ]
+
+
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     given = [stop] if isinstance(stop, str) else list(stop or [])
     for s in given:
@@ -126,6 +152,8 @@ async def chat_completions(request: Request) -> Response:
             raise _bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
+    if body.top_logprobs is not None and not body.logprobs:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
     stops = _stops(body.stop)
     if stops and want_audio:
         # the talker speaks each token as it comes: it cannot unsay what follows a stop text
@@ -148,8 +176,10 @@ async def chat_completions(request: Request) -> Response:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 repetition_penalty=body.repetition_penalty,
+                logit_bias=_logit_bias(body.logit_bias),
             ),
             stop=stops,
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             kind=RequestKind.CHAT,
             messages=messages,
             output_audio=want_audio,
@@ -176,6 +206,9 @@ async def chat_completions(request: Request) -> Response:
         return closed_response()
     text = "".join(result.text)
     message: dict = {"role": "assistant", "content": text, "refusal": None}
+    choice_logprobs = (
+        {"content": _logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
+    )
     if want_audio:
         assert body.audio is not None
         fmt = "wav" if body.audio.format == "wav" else "pcm"
@@ -194,7 +227,12 @@ async def chat_completions(request: Request) -> Response:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [
-                    {"index": 0, "message": message, "finish_reason": result.finish_reason}
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": choice_logprobs,
+                        "finish_reason": result.finish_reason,
+                    }
                 ],
                 "usage": _usage(finished),
             }
@@ -219,14 +257,17 @@ async def _stream(
     expires = created + AUDIO_TTL_S
     done = False
 
-    def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+    def chunk(delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> bytes:
+        choice: dict = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None:
+            choice["logprobs"] = {"content": _logprobs_json(logprobs), "refusal": None}
         return _sse(
             {
                 "id": gen.request_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": body.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                "choices": [choice],
             }
         )
 
@@ -239,7 +280,7 @@ async def _stream(
                 if isinstance(event, TextDelta):
                     ticket.text()
                     transcript.append(event.text)
-                    yield chunk({"content": event.text})
+                    yield chunk({"content": event.text}, None, event.logprobs)
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))

@@ -14,6 +14,7 @@ from worker.engine import (
     Finished,
     GenerationRequest,
     TextDelta,
+    TokenLogprob,
 )
 from worker.service import Ticket, WorkerService
 
@@ -34,6 +35,7 @@ async def events(
 @dataclass
 class Collected:
     text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     pcm16: bytearray = field(default_factory=bytearray)
     finished: Finished | None = None
 
@@ -49,6 +51,7 @@ async def collect(service: WorkerService, request: GenerationRequest, ticket: Ti
             if isinstance(event, TextDelta):
                 ticket.text()
                 out.text.append(event.text)
+                out.logprobs += event.logprobs or ()
             elif isinstance(event, AudioChunk):
                 ticket.audio()
                 out.pcm16 += event.pcm16

@@ -90,7 +90,9 @@ class ChatRequest(_Sampling):
     stop: str | list[str] | None = Field(None, max_length=4)  # (OpenAI: up to 4)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
 
 
 SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input

@@ -38,6 +38,7 @@ from worker.engine import (
     StageFailed,
     StageLoad,
     TextDelta,
+    TokenLogprob,
 )
 from worker.runtime import messages as m
 from worker.runtime import transport
@@ -287,6 +288,7 @@ class PipelineEngine:
                 stream_targets=rt.stream_targets[s],
                 sampling=request.sampling,
                 stop=request.stop,
+                logprobs=request.logprobs,
             )
             for s in rt.active
         }
@@ -416,9 +418,10 @@ class PipelineEngine:
             if kind == m.END:
                 req.info[stage] = payload
         elif kind == m.OUT:
-            what, data = payload
+            what, data = payload[0], payload[1]
             if what == "text":
-                req.queue.put_nowait(TextDelta(data))
+                entries = [TokenLogprob(*e) for e in payload[2]] if len(payload) > 2 else None
+                req.queue.put_nowait(TextDelta(data, entries))
             else:
                 names = refs(data)
                 pcm = unpack(data, unlink=True)

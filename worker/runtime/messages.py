@@ -5,7 +5,7 @@ A stage executor's ``step`` returns outputs ``(kind, rid, payload)``:
   (FINAL, rid, payload)     its final payload, along ``next`` edges
   (CHUNK, rid, data)        one chunk, along ``stream_to`` edges
   (END, rid, info)          the stream along ``stream_to`` edges is complete
-  (OUT, rid, ("text", str) | ("audio", int16 ndarray))   client output (terminal stages)
+  (OUT, rid, ("text", str[, logprobs]) | ("audio", int16 ndarray))   client output (terminals)
   (DONE, rid, info)         this stage has finished the request
   (ERROR, rid, message)     the request failed in this stage
   (INVALID, rid, message)   the stage refused the request's content (the client's fault)

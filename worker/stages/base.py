@@ -68,6 +68,7 @@ class RequestMeta:
     stream_targets: tuple[str, ...] = ()  # active stages this stage streams to
     sampling: Sampling | None = None  # how the text decoder picks tokens (None: greedy)
     stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)
+    logprobs: int | None = None  # None: none; N: each token's, with its N likeliest rivals
 
 
 class StageExecutor(ABC):

@@ -20,14 +20,17 @@ from worker.stages.preprocess import load_tokenizer
 
 
 class _Text:
-    __slots__ = ("dirty", "ended", "held", "info", "prefix", "prompt_tokens", "read", "stops",
-                 "tokens")  # fmt: skip
+    __slots__ = ("dirty", "ended", "held", "info", "logprobs", "pending", "prefix",
+                 "prompt_tokens", "read", "stops", "tokens")  # fmt: skip
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
         self.stops = stops
         self.held = ""  # text that may begin a stop text, not sent yet
         self.prompt_tokens = 0
         self.tokens: list[int] = []
+        self.logprobs: list[tuple] = []  # per token (when asked): (logprob, [(id, logprob)])
+        # (token text, logprob, [(text, logprob)]) of tokens whose text is not sent yet
+        self.pending: list[tuple] = []
         self.prefix = 0  # start of the decoding window
         self.read = 0  # tokens before this are already in the emitted text
         self.dirty = False
@@ -47,6 +50,7 @@ class DecodeExecutor(StageExecutor):
         t = self.reqs.get(rid)
         if t is not None:
             t.tokens.extend(data["tokens"])
+            t.logprobs.extend(data.get("logprobs", ()))
             t.prompt_tokens = data.get("prompt_tokens", t.prompt_tokens)
             t.dirty = True
 
@@ -77,12 +81,14 @@ class DecodeExecutor(StageExecutor):
             new = ""
             if len(text) > len(done) and (t.ended or not text.endswith("\ufffd")):
                 new = text[len(done) :]
+                if t.logprobs:
+                    t.pending += self._entries(t, t.read, len(t.tokens))
                 t.prefix, t.read = t.read, len(t.tokens)
             if t.stops:
                 new, stopped = _scan(t, new)
                 if stopped:
                     if new:
-                        outs.append((OUT, rid, ("text", new)))
+                        outs.append((OUT, rid, _text(t, new)))
                     del self.reqs[rid]
                     info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
                             "completion_tokens": len(t.tokens)}  # fmt: skip
@@ -91,11 +97,27 @@ class DecodeExecutor(StageExecutor):
                 if t.ended:  # what was held back is the reply's end after all
                     new, t.held = new + t.held, ""
             if new:
-                outs.append((OUT, rid, ("text", new)))
+                outs.append((OUT, rid, _text(t, new)))
             if t.ended:
                 del self.reqs[rid]
                 outs.append((DONE, rid, t.info))
         return outs
+
+    def _entries(self, t: _Text, start: int, end: int) -> list[tuple]:
+        """The log probabilities of tokens ``start:end``, with their texts."""
+        text = self.tokenizer.decode
+        return [
+            (text([tok]), lp, [(text([i]), v) for i, v in alts])
+            for tok, (lp, alts) in zip(t.tokens[start:end], t.logprobs[start:end], strict=True)
+        ]
+
+
+def _text(t: _Text, text: str) -> tuple:
+    """An output text delta, with the log probabilities of the tokens it completes."""
+    if not t.logprobs:
+        return ("text", text)
+    entries, t.pending = t.pending, []
+    return ("text", text, entries)
 
 
 def _scan(t: _Text, new: str) -> tuple[str, bool]:

@@ -1,6 +1,7 @@
 """Choosing the next token from a decoder's logits, per request: greedy, or sampled with the
 OpenAI and vLLM/SGLang fields, in the order transformers' ``generate`` applies them.
 
+0. ``logit_bias`` (OpenAI's): added to the logits of the tokens it names;
 1. ``repetition_penalty`` (transformers' ``RepetitionPenaltyLogitsProcessor``): the logit of
    every token already in the prompt or the reply is divided by it (multiplied, if negative);
 2. ``frequency_penalty`` / ``presence_penalty`` (OpenAI's): each token's logit is lowered by
@@ -31,6 +32,7 @@ class Sampling:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +59,21 @@ class SamplerState:
             self.seen.add(token)
 
 
+def logprobs(torch: Any, logits: Any, tokens: list[int], top: int) -> list[tuple]:
+    """Per row: (the chosen token's log probability, the ``top`` most likely tokens with
+    theirs), from the model's distribution (the logits before sampling settings, as vLLM
+    reports them by default)."""
+    lp = logits.float().log_softmax(-1)
+    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    if top:
+        values, ids = lp.topk(top, dim=-1)
+        alts = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(),
+                                                             strict=True)]  # fmt: skip
+    else:
+        alts = [[] for _ in tokens]
+    return [(c, a) for c, a in zip(chosen, alts, strict=True)]
+
+
 def pick(torch: Any, logits: Any, states: list[SamplerState]) -> list[int]:
     """The next token of each row of ``logits`` (rows x vocab, float32)."""
     if all(s.sampling.greedy and not _penalised(s.sampling) for s in states):
@@ -65,10 +82,9 @@ def pick(torch: Any, logits: Any, states: list[SamplerState]) -> list[int]:
 
 
 def _penalised(s: Sampling) -> bool:
-    return bool(s.presence_penalty or s.frequency_penalty) or s.repetition_penalty not in (
-        None,
-        1.0,
-    )
+    return bool(
+        s.presence_penalty or s.frequency_penalty or s.logit_bias
+    ) or s.repetition_penalty not in (None, 1.0)
 
 
 def _pick_row(torch: Any, row: Any, state: SamplerState) -> int:
@@ -85,6 +101,12 @@ def _pick_row(torch: Any, row: Any, state: SamplerState) -> int:
 
 def penalise(torch: Any, row: Any, state: SamplerState) -> Any:
     s = state.sampling
+    if s.logit_bias:
+        known = [(t, b) for t, b in s.logit_bias if 0 <= t < row.shape[-1]]
+        if known:
+            row = row.clone()
+            ids = torch.tensor([t for t, _ in known], device=row.device)
+            row[ids] += torch.tensor([b for _, b in known], device=row.device, dtype=row.dtype)
     if s.repetition_penalty not in (None, 1.0) and state.seen:
         ids = torch.tensor(sorted(state.seen), device=row.device)
         picked = row[ids]

@@ -19,7 +19,7 @@ from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
-from worker.stages.sampling import SamplerState, Sampling, pick
+from worker.stages.sampling import SamplerState, Sampling, logprobs, pick
 
 
 @dataclass(slots=True)
@@ -190,6 +190,7 @@ class ThinkerExecutor(StageExecutor):
         if r.forced is not None:  # speech: the reply is given; stream it, generate nothing
             return self._forced(r, first)
         token = self._pick(self.thinker.lm_head(out.last_hidden_state[:, -1]), [r])[0]
+        first = {**first, **r.extra.pop("logprobs", {})}
         self.running[r.rid] = r
         self.batch.join(r.rid, out.cache, n)
         outs = self._on_token(r, token, first)
@@ -255,7 +256,7 @@ class ThinkerExecutor(StageExecutor):
         done: set[str] = set()
         for r, token in zip(rows, self._pick(logits, rows), strict=True):
             r.pos += 1
-            outs += self._on_token(r, token, {})
+            outs += self._on_token(r, token, r.extra.pop("logprobs", {}))
             if r.rid not in self.running:
                 done.add(r.rid)
         if done:
@@ -281,11 +282,19 @@ class ThinkerExecutor(StageExecutor):
         logits = logits.float()
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
-        return pick(self.torch, logits, [r.sampler for r in rows])
+        tokens = pick(self.torch, logits, [r.sampler for r in rows])
+        asked = [i for i, r in enumerate(rows) if r.meta.logprobs is not None]
+        if asked:  # the chosen token's log probability and its rivals', for decode
+            top = max(rows[i].meta.logprobs or 0 for i in asked)
+            found = logprobs(self.torch, logits[asked], [tokens[i] for i in asked], top)
+            for i, (lp, alts) in zip(asked, found, strict=True):
+                n = rows[i].meta.logprobs or 0
+                rows[i].extra["logprobs"] = {"logprobs": [(lp, alts[:n])]}
+        return tokens
 
     def _on_token(self, r: _Request, token: int, first: dict[str, Any]) -> list[Output]:
-        if token in self.eos:
-            return self._stop(r, "stop", first)
+        if token in self.eos:  # (its log probability has no text to go with)
+            return self._stop(r, "stop", {k: v for k, v in first.items() if k != "logprobs"})
         r.sampler.add(token)
         r.generated += 1
         r.last = token
