@@ -20,3 +20,6 @@ command -v curl >/dev/null 2>&1 || apt_install curl
 
 python3 -m pip install -q torch==2.13.0   # CPU wheel; an unpinned torch would pull a CUDA build
 python3 -m pip install -q -e ".[dev]"
+# response_format (constrained decoding, worker/stages/grammar.py): xgrammar, SGLang's grammar
+# backend, without the triton it pulls for GPU kernels (its CPU path needs none)
+python3 -m pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"

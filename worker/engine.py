@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from fleet.records import ProcessMemory
+from worker.stages.grammar import Grammar
 from worker.stages.sampling import Sampling
 
 
@@ -41,6 +42,7 @@ class GenerationRequest:
     sampling: Sampling | None = None  # chat: how the thinker picks tokens (None: greedy)
     stop: tuple[str, ...] = ()  # chat: texts that end the reply (cut before them)
     logprobs: int | None = None  # chat: None, or the alternatives per token (top_logprobs)
+    grammar: Grammar | None = None  # chat: the response_format the reply must fit
 
 
 AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume

@@ -74,3 +74,36 @@ def test_logit_bias_and_logprobs(thinker) -> None:
         ((lp, rivals),) = c["logprobs"]
         assert len(rivals) == 3 and rivals[0] == (c["tokens"][0], pytest.approx(lp))
         assert lp <= 0 and rivals[0][1] >= rivals[1][1] >= rivals[2][1]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": ["S", "M", "L"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "size", "ok"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
+    """Constrained decoding (xgrammar): the random tiny model's reply parses and fits."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from worker.stages.grammar import Grammar
+
+    tok = AutoTokenizer.from_pretrained(thinker.ctx.checkpoint)
+    for sampling in (Sampling(), Sampling(temperature=1.0, seed=3)):
+        meta = RequestMeta("chat", frozenset({"text"}), 64, sampling=sampling,
+                           grammar=Grammar("json_schema", json.dumps(SCHEMA)))  # fmt: skip
+        tokens = [t for c in run(thinker, "j", meta) for t in c["tokens"]]
+        doc = json.loads(tok.decode(tokens, skip_special_tokens=True))
+        assert set(doc) == {"color", "size", "ok"} and isinstance(doc["ok"], bool)
+        assert doc["color"] in ("red", "green", "blue") and doc["size"] in ("S", "M", "L")
+    meta = RequestMeta("chat", frozenset({"text"}), 24, grammar=Grammar("json"))
+    text = tok.decode([t for c in run(thinker, "o", meta) for t in c["tokens"]])
+    assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)

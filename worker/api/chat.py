@@ -28,7 +28,14 @@ from worker.api.errors import stage_error
 from worker.api.generation import collect, events
 from worker.api.images import decode_image
 from worker.api.media import media_bytes
-from worker.api.schemas import AudioPart, ChatRequest, ImagePart, TextPart, VideoPart
+from worker.api.schemas import (
+    AudioPart,
+    ChatRequest,
+    ImagePart,
+    ResponseFormat,
+    TextPart,
+    VideoPart,
+)
 from worker.api.video import decode_video
 from worker.api.voices import resolve_voice
 from worker.engine import (
@@ -42,6 +49,8 @@ from worker.engine import (
     TokenLogprob,
 )
 from worker.service import Ticket, WorkerService
+from worker.stages import grammar as grammars
+from worker.stages.grammar import Grammar
 from worker.stages.sampling import Sampling
 
 router = APIRouter()
@@ -99,6 +108,28 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
     return messages
 
 
+def _grammar(fmt: ResponseFormat | None) -> Grammar | None:
+    """``response_format`` -> the grammar the thinker holds the reply to (None: free text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if not grammars.available():
+        raise _bad(
+            "response_format needs xgrammar on this worker (pip install 'omni-fleet[grammar]')",
+            "response_format",
+        )
+    if fmt.type == "json_object":
+        return Grammar("json")
+    if fmt.json_schema is None:
+        raise _bad("response_format json_schema needs its json_schema", "response_format")
+    schema = fmt.json_schema.json_schema
+    try:
+        grammars.check_schema(schema)
+    except ValueError as exc:
+        param = "response_format.json_schema.schema"
+        raise _bad(f"{param} cannot be held to: {exc}", param) from None
+    return Grammar("json_schema", orjson.dumps(schema).decode())
+
+
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``logit_bias``: token ids (as strings) -> -100..100, added to their logits."""
     out = []
@@ -154,6 +185,7 @@ async def chat_completions(request: Request) -> Response:
             )
     if body.top_logprobs is not None and not body.logprobs:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    grammar = _grammar(body.response_format)
     stops = _stops(body.stop)
     if stops and want_audio:
         # the talker speaks each token as it comes: it cannot unsay what follows a stop text
@@ -180,6 +212,7 @@ async def chat_completions(request: Request) -> Response:
             ),
             stop=stops,
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            grammar=grammar,
             kind=RequestKind.CHAT,
             messages=messages,
             output_audio=want_audio,

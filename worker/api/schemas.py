@@ -77,6 +77,18 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # (the reply is always held to the schema: constrained)
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatRequest(_Sampling):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -93,6 +105,7 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = Field(None, max_length=1024)
+    response_format: ResponseFormat | None = None
 
 
 SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input

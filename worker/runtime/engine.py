@@ -289,6 +289,7 @@ class PipelineEngine:
                 sampling=request.sampling,
                 stop=request.stop,
                 logprobs=request.logprobs,
+                grammar=request.grammar,
             )
             for s in rt.active
         }

@@ -22,6 +22,7 @@ from planner.spec import ModelSpec, StageSpec
 # them from here, with the rest of their interface.
 from worker.runtime.graph import REQUEST_INPUT
 from worker.runtime.messages import CHUNK, DONE, END, ERROR, FINAL, INVALID, OUT, Output
+from worker.stages.grammar import Grammar
 from worker.stages.sampling import Sampling
 
 __all__ = [
@@ -69,6 +70,7 @@ class RequestMeta:
     sampling: Sampling | None = None  # how the text decoder picks tokens (None: greedy)
     stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)
     logprobs: int | None = None  # None: none; N: each token's, with its N likeliest rivals
+    grammar: Grammar | None = None  # what the reply must be (response_format); None: free
 
 
 class StageExecutor(ABC):

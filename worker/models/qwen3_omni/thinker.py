@@ -18,6 +18,7 @@ from typing import Any
 from worker.models.qwen3_omni.common import load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.generation_config import stop_tokens
+from worker.stages.grammar import GrammarBackend, Matcher
 from worker.stages.kvbatch import KVBatch
 from worker.stages.sampling import SamplerState, Sampling, logprobs, pick
 
@@ -36,6 +37,7 @@ class _Request:
     forced: list[int] | None = None
     to_talker: bool = False
     sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
+    matcher: Matcher | None = None  # its response_format's grammar, when it has one
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -72,6 +74,7 @@ class ThinkerExecutor(StageExecutor):
         self.running: dict[str, _Request] = {}
         self.batch = KVBatch()
         self.deltas: Any = None  # rope deltas of the batch rows, for the decode adapter
+        self.grammar_backend: GrammarBackend | None = None
 
     def warmup(self) -> None:
         meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
@@ -89,6 +92,8 @@ class ThinkerExecutor(StageExecutor):
             limit = min(limit, meta.max_tokens)
         r = _Request(rid, meta, payload, max_new=max(1, limit), forced=payload.get("forced_ids"))
         r.sampler = SamplerState.of(meta.sampling, payload["input_ids"])
+        if meta.grammar is not None:
+            r.matcher = self._grammars().matcher(meta.grammar)
         r.to_talker = "talker" in meta.stream_targets
         self.pending.append(r)
 
@@ -278,11 +283,25 @@ class ThinkerExecutor(StageExecutor):
         )
         return SimpleNamespace(logits=self.thinker.lm_head(out.last_hidden_state), cache=out.cache)
 
+    def _grammars(self) -> GrammarBackend:
+        """The grammar compiler over this checkpoint's tokenizer (built on first use)."""
+        if self.grammar_backend is None:
+            vocab = self.thinker.lm_head.weight.shape[0]
+            self.grammar_backend = GrammarBackend(self.ctx.checkpoint, vocab)
+        return self.grammar_backend
+
     def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
         logits = logits.float()
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
+        constrained = [i for i, r in enumerate(rows) if r.matcher is not None]
+        if constrained:
+            logits = logits.clone()
+            for i in constrained:
+                logits[i] = rows[i].matcher.mask(logits[i])  # type: ignore[union-attr]
         tokens = pick(self.torch, logits, [r.sampler for r in rows])
+        for i in constrained:
+            rows[i].matcher.accept(tokens[i])  # type: ignore[union-attr]
         asked = [i for i, r in enumerate(rows) if r.meta.logprobs is not None]
         if asked:  # the chosen token's log probability and its rivals', for decode
             top = max(rows[i].meta.logprobs or 0 for i in asked)
@@ -293,7 +312,8 @@ class ThinkerExecutor(StageExecutor):
         return tokens
 
     def _on_token(self, r: _Request, token: int, first: dict[str, Any]) -> list[Output]:
-        if token in self.eos:  # (its log probability has no text to go with)
+        if token in self.eos or (r.matcher is not None and r.matcher.done):
+            # (its log probability has no text to go with; a grammar ends on a stop token)
             return self._stop(r, "stop", {k: v for k, v in first.items() if k != "logprobs"})
         r.sampler.add(token)
         r.generated += 1
