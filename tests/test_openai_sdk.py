@@ -228,3 +228,30 @@ def test_response_format_json_schema_is_met(sdk: openai.OpenAI) -> None:
             response_format=bad,  # type: ignore[arg-type]
         )  # fmt: skip
     assert err.value.param == "response_format.json_schema.schema"
+
+
+def test_n_choices_whole_and_streamed(sdk: openai.OpenAI) -> None:
+    """n choices, each its own draws (seed + i with a seed: the set is reproducible); usage
+    counts the prompt once and every choice's tokens."""
+    kw = dict(
+        model=MODEL, messages=[{"role": "user", "content": "Say anything."}], max_tokens=10,
+        temperature=1.0, seed=5, n=3,
+    )  # fmt: skip
+    out = sdk.chat.completions.create(**kw)  # type: ignore[call-overload]
+    texts = [c.message.content for c in out.choices]
+    assert [c.index for c in out.choices] == [0, 1, 2] and len(set(texts)) >= 2, texts
+    assert [c.message.content for c in sdk.chat.completions.create(**kw).choices] == texts
+    single = sdk.chat.completions.create(**{**kw, "n": 1, "seed": 6})
+    assert single.choices[0].message.content == texts[1]  # choice 1 drew with seed 6
+    assert out.usage.completion_tokens > single.usage.completion_tokens
+    assert out.usage.prompt_tokens == single.usage.prompt_tokens
+    streamed: dict[int, str] = {}
+    for c in sdk.chat.completions.create(stream=True, **kw):  # type: ignore[call-overload]
+        for choice in c.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert [streamed[i] for i in range(3)] == texts
+    for bad in ({"n": 9}, {"n": 2, "modalities": ["text", "audio"],
+                           "audio": {"voice": VOICE, "format": "wav"}}):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.chat.completions.create(**{**kw, **bad})  # type: ignore[call-overload]
+        assert err.value.param == "n"

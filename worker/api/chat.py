@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import time
 
 import numpy as np
@@ -25,7 +26,7 @@ from worker.api.common import (
     until_disconnect,
 )
 from worker.api.errors import stage_error
-from worker.api.generation import collect, events
+from worker.api.generation import Collected, collect, merged_events
 from worker.api.images import decode_image
 from worker.api.media import media_bytes
 from worker.api.schemas import (
@@ -183,6 +184,9 @@ async def chat_completions(request: Request) -> Response:
             raise _bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
+    n = body.n or 1
+    if n > 1 and want_audio:
+        raise _bad("n > 1 is not supported with audio output", "n")
     if body.top_logprobs is not None and not body.logprobs:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
     grammar = _grammar(body.response_format)
@@ -224,25 +228,27 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         ticket.release()
         raise
+    gens = _choices(gen, n)
     if body.stream:
         return TrackedStream(
-            _stream(service, body, gen, ticket),
+            _stream(service, body, gens, ticket),
             ticket,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        result = await until_disconnect(request, collect(service, gen, ticket))
+        results = await until_disconnect(
+            request, asyncio.gather(*(collect(service, g, ticket) for g in gens))
+        )
     finally:
         ticket.release()
-    if result is None:
+    if results is None:
         return closed_response()
-    text = "".join(result.text)
-    message: dict = {"role": "assistant", "content": text, "refusal": None}
-    choice_logprobs = (
-        {"content": _logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
-    )
+    choices = [_choice(i, r, body) for i, r in enumerate(results)]
+    result = results[0]
     if want_audio:
+        text = choices[0]["message"]["content"]
+        message = choices[0]["message"]
         assert body.audio is not None
         fmt = "wav" if body.audio.format == "wav" else "pcm"
         message["audio"] = {
@@ -251,7 +257,6 @@ async def chat_completions(request: Request) -> Response:
             "expires_at": int(time.time()) + AUDIO_TTL_S,
             "transcript": text,
         }
-    finished = result.finished or Finished("stop")
     return Response(
         orjson.dumps(
             {
@@ -259,39 +264,66 @@ async def chat_completions(request: Request) -> Response:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": choice_logprobs,
-                        "finish_reason": result.finish_reason,
-                    }
-                ],
-                "usage": _usage(finished),
+                "choices": choices,
+                "usage": _usage([r.finished or Finished("stop") for r in results]),
             }
         ),
         media_type="application/json",
     )
 
 
-def _usage(finished: Finished) -> dict:
+def _choices(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """``n`` requests for ``n`` choices: the same prompt, each its own draws (choice i seeded
+    with ``seed + i`` when the request has a seed, so the set is reproducible)."""
+    if n == 1 or gen.sampling is None:
+        return [gen] * n
+    seed = gen.sampling.seed
+    return [
+        dataclasses.replace(
+            gen,
+            sampling=dataclasses.replace(gen.sampling, seed=None if seed is None else seed + i),
+        )
+        for i in range(n)
+    ]
+
+
+def _choice(index: int, result: Collected, body: ChatRequest) -> dict:
+    message = {"role": "assistant", "content": "".join(result.text), "refusal": None}
+    logprobs = (
+        {"content": _logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
+    )
     return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": result.finish_reason,
+    }
+
+
+def _usage(finished: list[Finished]) -> dict:
+    """The prompt once, the completions of every choice together (as OpenAI counts ``n``)."""
+    prompt = finished[0].prompt_tokens
+    completion = sum(f.completion_tokens for f in finished)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     }
 
 
 async def _stream(
-    service: WorkerService, body: ChatRequest, gen: GenerationRequest, ticket: Ticket
+    service: WorkerService, body: ChatRequest, gens: list[GenerationRequest], ticket: Ticket
 ):
+    gen = gens[0]
     created = int(time.time())
     audio_id = new_id("audio")
     expires = created + AUDIO_TTL_S
     done = False
 
-    def chunk(delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> bytes:
-        choice: dict = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    def chunk(
+        index: int, delta: dict, finish_reason: str | None = None, logprobs: list | None = None
+    ) -> bytes:
+        choice: dict = {"index": index, "delta": delta, "finish_reason": finish_reason}
         if logprobs is not None:
             choice["logprobs"] = {"content": _logprobs_json(logprobs), "refusal": None}
         return _sse(
@@ -304,27 +336,29 @@ async def _stream(
             }
         )
 
-    finished = Finished("stop")
+    finished = [Finished("stop") for _ in gens]
     transcript: list[str] = []
     try:
-        yield chunk({"role": "assistant", "content": ""})
-        async with events(service, gen) as stream:
-            async for event in stream:
+        for i in range(len(gens)):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async with merged_events(service, gens) as stream:
+            async for i, event in stream:
                 if isinstance(event, TextDelta):
                     ticket.text()
                     transcript.append(event.text)
-                    yield chunk({"content": event.text}, None, event.logprobs)
+                    yield chunk(i, {"content": event.text}, None, event.logprobs)
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
                     data = base64.b64encode(event.pcm16).decode()
-                    yield chunk({"audio": {"id": audio_id, "data": data, "expires_at": expires}})
+                    yield chunk(i, {"audio": {"id": audio_id, "data": data, "expires_at": expires}})
                 elif isinstance(event, Finished):
-                    finished = event
-        service.metrics.tokens_out.inc(finished.completion_tokens)
+                    finished[i] = event
+        service.metrics.tokens_out.inc(sum(f.completion_tokens for f in finished))
         if gen.output_audio:
-            yield chunk({"audio": {"id": audio_id, "transcript": "".join(transcript)}})
-        yield chunk({}, finished.finish_reason)
+            yield chunk(0, {"audio": {"id": audio_id, "transcript": "".join(transcript)}})
+        for i, f in enumerate(finished):
+            yield chunk(i, {}, f.finish_reason)
         if body.stream_options is not None and body.stream_options.include_usage:
             yield _sse(
                 {

@@ -3,6 +3,7 @@ consumer (client disconnect) aborts the request in every stage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +31,54 @@ async def events(
         closer = getattr(stream, "aclose", None)
         if closer is not None:
             await closer()
+
+
+@contextlib.asynccontextmanager
+async def merged_events(
+    service: WorkerService, requests: list[GenerationRequest]
+) -> AsyncIterator[AsyncIterator[tuple[int, Event]]]:
+    """The events of several requests (a chat's ``n`` choices) as they come, each with the
+    index of its request; leaving the block ends every request still running."""
+    if len(requests) == 1:  # the usual request: its own stream, no task between
+        async with events(service, requests[0]) as stream:
+
+            async def only() -> AsyncIterator[tuple[int, Event]]:
+                async for event in stream:
+                    yield 0, event
+
+            yield only()
+        return
+    queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerationRequest) -> None:
+        try:
+            async with events(service, request) as stream:
+                async for event in stream:
+                    await queue.put((index, event))
+        except Exception as exc:  # the stream's failure, re-raised to the reader
+            await queue.put((index, exc))
+        else:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+
+    async def merged() -> AsyncIterator[tuple[int, Event]]:
+        left = len(tasks)
+        while left:
+            index, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+
+    try:
+        yield merged()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass

@@ -98,7 +98,7 @@ class ChatRequest(_Sampling):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: Literal[1] | None = None
+    n: int | None = Field(None, ge=1, le=8)  # choices per request (CHAT_MAX_CHOICES)
     stop: str | list[str] | None = Field(None, max_length=4)  # (OpenAI: up to 4)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
