@@ -205,6 +205,12 @@ def test_transcription_with_word_timestamps_and_streamed(fleet: FamilyFleet) -> 
         assert word.word and word.word in plain.text and 0 <= word.start <= word.end
     if plain.text.strip():
         assert verbose.words, "a transcript with text has timed words"
+    # temperature is honoured (it was accepted and ignored): 0 is greedy, 1 samples
+    zero = sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio, temperature=0)
+    assert zero.text == plain.text
+    sampled = {sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio,
+                                               temperature=1.0).text for _ in range(4)}  # fmt: skip
+    assert sampled != {plain.text}, sampled
     events = list(sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio,
                                                   stream=True))  # fmt: skip
     assert events[-1].type == "transcript.text.done" and events[-1].text == plain.text

@@ -45,6 +45,7 @@ from worker.engine import (
 )
 from worker.models.qwen3_asr.processor import merge_languages
 from worker.models.qwen3_asr.stages import CLIP_MARK, WORDS_MARK
+from worker.stages.sampling import Sampling
 
 router = APIRouter()
 
@@ -98,6 +99,7 @@ async def transcriptions(request: Request) -> Response:
         messages=messages,
         audio=clip,
         session_id=session,
+        sampling=Sampling(temperature=body.temperature),  # (0 or unset: greedy)
     )
     duration = clip.size / AUDIO_INPUT_RATE
     if body.stream:

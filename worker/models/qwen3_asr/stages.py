@@ -32,6 +32,7 @@ from worker.stages.base import (
     RequestPreprocessor,
     StageExecutor,
 )
+from worker.stages.sampling import SamplerState, Sampling, pick
 
 CLIP_MARK = "\x00clip:"  # a text delta starting with this describes the clip whose text follows
 WORDS_MARK = "\x00words:"  # ... holds the aligner's word timestamps (JSON [word, start, end])
@@ -53,6 +54,7 @@ class _Clip:
     hidden: Any = None
     tokens: list[int] = field(default_factory=list)
     done: bool = False
+    sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
 
 
 @dataclass
@@ -87,7 +89,7 @@ class ASRExecutor(StageExecutor):
         self.max_new = self.ctx.stage.engine.max_new_tokens
         self.max_running = self.ctx.max_running_requests
         self.audio_id = config["thinker_config"]["audio_token_id"]
-        self.pending: list[tuple[str, dict]] = []
+        self.pending: list[tuple[str, dict, Sampling | None]] = []
         self.requests: dict[str, _Req] = {}
         self.running: list[_Clip] = []
         self.waiting: list[_Clip] = []
@@ -109,7 +111,7 @@ class ASRExecutor(StageExecutor):
             self.max_new = limit
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, inputs["request"]))
+        self.pending.append((rid, inputs["request"], meta.sampling))
 
     def abort(self, rid: str) -> None:
         self.pending = [p for p in self.pending if p[0] != rid]
@@ -123,7 +125,7 @@ class ASRExecutor(StageExecutor):
     def queue_depth(self) -> int:
         return len(self.pending) + len(self.requests)
 
-    def _accept(self, rid: str, req: dict) -> list[Output]:
+    def _accept(self, rid: str, req: dict, sampling: Sampling | None = None) -> list[Output]:
         audio = req.get("audio")
         if audio is None or len(audio) == 0:
             return [(INVALID, rid, f"{self.ctx.name}: transcription without audio")]
@@ -148,7 +150,16 @@ class ASRExecutor(StageExecutor):
             rid,
             language,
             [
-                _Clip(rid, i, c.ids, c.features, c.start, c.end, kept[i])
+                _Clip(
+                    rid,
+                    i,
+                    c.ids,
+                    c.features,
+                    c.start,
+                    c.end,
+                    kept[i],
+                    sampler=SamplerState.of(sampling, c.ids),
+                )
                 for i, c in enumerate(clips)
             ],
             timestamps=timestamps,
@@ -186,8 +197,10 @@ class ASRExecutor(StageExecutor):
     def _pick(self, clips: list[_Clip]) -> None:
         torch = self.torch
         h = torch.cat([c.hidden for c in clips])[:, -1]
-        toks = self.model.thinker.logits(h).argmax(-1).tolist()
+        logits = self.model.thinker.logits(h).float()
+        toks = pick(torch, logits, [c.sampler for c in clips])  # (greedy: the argmax)
         for c, t in zip(clips, toks, strict=True):
+            c.sampler.add(t)
             c.tokens.append(t)
             if t in self.eos or len(c.tokens) >= self.max_new:
                 c.done = True
