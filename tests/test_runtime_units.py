@@ -3,6 +3,7 @@ step-batched KV cache against plain transformers generation, batching windows, c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -456,3 +457,42 @@ def test_every_stage_of_a_shipped_spec_runs_where_the_plan_counts_it(spec: str) 
             runs = stage_device(declared, device)
             assert runs == ("cpu" if declared == "cpu" else device), (process.name, placed.stage)
             assert (placed.stage in on_gpus) == runs.startswith("cuda"), (spec, placed.stage)
+
+
+async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fast stage's reader thread can deliver READY before the coordinator holds its process
+    object: that raised KeyError in the reader thread, which died, and the start hung (seen
+    once in four full runs, under load)."""
+    import yaml
+
+    from planner.localplan import cpu_node_plan
+    from planner.spec import ModelSpec
+    from worker.runtime import engine as engine_module
+    from worker.runtime import messages as m
+
+    class ImmediateProcess:
+        """Reports every stage ready from inside its constructor, as a racing reader can."""
+
+        def __init__(self, cfg, on_messages, on_exit) -> None:
+            self.cfg, self.name, self.pid = cfg, cfg.process, 1
+            self.ready: set[str] = set()
+            on_messages([(m.READY, s) for s in cfg.stages])
+
+        @property
+        def all_ready(self) -> bool:
+            return self.ready == set(self.cfg.stages)
+
+        def send(self, msg: tuple) -> None: ...
+        def flush(self) -> None: ...
+        def close(self) -> None: ...
+        def stop(self) -> None: ...
+
+    spec_path = Path("configs/models/tiny-omni.yaml")
+    spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
+    monkeypatch.setattr(engine_module, "StageProcess", ImmediateProcess)
+    monkeypatch.setattr(engine_module, "_resolve_checkpoint", lambda *a: tmp_path)
+    engine = engine_module.PipelineEngine(spec, spec_path, cpu_node_plan(spec), tmp_path)
+    await asyncio.wait_for(engine.start(lambda _m: None), timeout=10)
+    assert engine.status().ready

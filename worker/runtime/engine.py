@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -459,17 +459,32 @@ class PipelineEngine:
         loop = self._loop
         assert loop is not None
         holder: dict[str, StageProcess] = {}
+        # The process's reader thread may deliver its first messages (a fast stage is ready
+        # at once) before the constructor has returned here: they wait on the loop for it.
+        # (They once raised KeyError in the reader thread, which then died: that process's
+        # READY never arrived and the start hung.)
+        early: list[Callable[[StageProcess], None]] = []
+
+        def on_loop(handle: Callable[[StageProcess], None]) -> None:
+            proc = holder.get("p")
+            if proc is None:
+                early.append(handle)
+            else:
+                handle(proc)
 
         def on_messages(msgs: list[tuple]) -> None:
-            loop.call_soon_threadsafe(self._on_messages, rep, holder["p"], msgs)
+            loop.call_soon_threadsafe(on_loop, lambda p: self._on_messages(rep, p, msgs))
 
         def on_exit(code: int | None) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(self._on_exit, rep, group, holder["p"], code)
+                loop.call_soon_threadsafe(on_loop, lambda p: self._on_exit(rep, group, p, code))
 
         proc = await asyncio.to_thread(StageProcess, cfg, on_messages, on_exit)
         holder["p"] = proc
         rep.procs[group] = proc
+        for handle in early:
+            handle(proc)
+        early.clear()
 
     def _on_exit(self, rep: _Replica, group: str, proc: StageProcess, code: int | None) -> None:
         proc.close()
