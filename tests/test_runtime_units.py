@@ -496,3 +496,52 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
     engine = engine_module.PipelineEngine(spec, spec_path, cpu_node_plan(spec), tmp_path)
     await asyncio.wait_for(engine.start(lambda _m: None), timeout=10)
     assert engine.status().ready
+
+
+def test_the_plain_stage_honours_sampling_and_refuses_what_it_cannot_serve(
+    plain_lm: Path,
+) -> None:
+    """The generic stage (the Qwen3-8B spec's) samples as the request asks, with the chat
+    sampler; logprobs and response_format, which only the Qwen3-Omni thinker serves, are a
+    clear refusal instead of being ignored."""
+    from worker.stages.base import CHUNK, INVALID, RequestMeta, StageContext
+    from worker.stages.grammar import Grammar
+    from worker.stages.registry import make_executor
+    from worker.stages.sampling import Sampling
+
+    spec = ModelSpec.model_validate(
+        {
+            "name": "plain-lm",
+            "model_dir": str(plain_lm),
+            "capabilities": {"endpoints": ["chat"]},
+            "entry": "llm",
+            "stages": {
+                "llm": {"executor": "autoregressive", "component": {}, "device": "cpu",
+                        "dtype": "fp32", "terminal": True, "engine": {"max_new_tokens": 12}},
+            },
+        }
+    )  # fmt: skip
+    llm = make_executor(StageContext("llm", spec, spec.stages["llm"], plain_lm, "cpu", 4))
+    llm.load()
+
+    def run(meta: RequestMeta) -> list:
+        llm.start("r", meta, {"in": {"input_ids": [5, 6, 7, 8]}})
+        outs = []
+        for _ in range(40):
+            outs += llm.step()
+            if not (llm.pending or llm.running):
+                break
+        return outs
+
+    def tokens(sampling: Sampling) -> list[int]:
+        meta = RequestMeta("chat", frozenset({"text"}), sampling=sampling)
+        return [t for kind, _, d in run(meta) if kind == CHUNK for t in d["tokens"]]
+
+    greedy = tokens(Sampling())
+    assert tokens(Sampling(temperature=0)) == greedy
+    seeded = [tokens(Sampling(temperature=1.5, seed=s)) for s in (1, 1, 2, 3)]
+    assert seeded[0] == seeded[1] and len({tuple(t) for t in seeded}) >= 2
+    assert any(t != greedy for t in seeded)
+    for refused in ({"logprobs": 2}, {"grammar": Grammar("json")}):
+        outs = run(RequestMeta("chat", frozenset({"text"}), **refused))  # type: ignore[arg-type]
+        assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "r")]

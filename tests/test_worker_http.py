@@ -452,3 +452,9 @@ def test_sessions_and_capacity_in_the_load_report(worker: Running, http: httpx.C
         worker.service.settings.capacity = capacity
         worker.call(worker.engine.hold.set)
     assert worker.service.in_flight == 0
+
+
+def test_store_true_is_refused_not_ignored(http: httpx.Client) -> None:
+    body = {"model": "fake-omni", "messages": [{"role": "user", "content": "hi"}], "store": True}
+    assert_error(http.post("/v1/chat/completions", json=body), 400, "invalid_request")
+    assert http.post("/v1/chat/completions", json={**body, "store": False}).status_code == 200

@@ -510,7 +510,7 @@ class ClientConnection(asyncio.Protocol):
         self.upload_sink = None
         self.upload_ended = False
         self.upload_kept = None
-        unread = self.uploading  # answered before its body ended: the rest is not worth reading
+        unread = self.uploading  # answered before its body ended: the rest is read and dropped
         if unread:
             self.uploading = False
             self.keep_alive = False

@@ -90,8 +90,9 @@ def _ours(checkpoint: Path):
     from transformers import AutoTokenizer
 
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-    from worker.models.qwen3_tts.engine import PromptBuilder, generation_defaults, load_model
+    from worker.models.qwen3_tts.engine import PromptBuilder, load_model
     from worker.models.qwen3_tts.weights import load_into
+    from worker.stages.generation_config import read_generation_config
 
     model = load_model(checkpoint)
     builder = PromptBuilder(model, AutoTokenizer.from_pretrained(checkpoint))
@@ -99,7 +100,7 @@ def _ours(checkpoint: Path):
     st = SpeechTokenizer(cfg, with_encoder=True)
     load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
     load_into(st.encoder, checkpoint / "speech_tokenizer", prefix="encoder.", rename=mimi_name)
-    return torch, model, builder, st, generation_defaults(checkpoint)
+    return torch, model, builder, st, read_generation_config(checkpoint)
 
 
 @pytest.mark.parametrize("name", CV)

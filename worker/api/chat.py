@@ -184,6 +184,8 @@ async def chat_completions(request: Request) -> Response:
             raise _bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
+    if body.store:  # nothing is stored: refused rather than ignored
+        raise _bad("store: true is not served (this worker keeps no completions)", "store")
     n = body.n or 1
     if n > 1 and want_audio:
         raise _bad("n > 1 is not supported with audio output", "n")

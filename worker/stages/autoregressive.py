@@ -4,9 +4,10 @@ under ``worker/models/``.
 
 Every ``step`` first prefills newly started requests one by one (each yields its first token at
 once and joins the batch), then runs ONE batched decode step for all running requests, so a new
-request never waits for the running ones to finish. Greedy decoding (argmax) with the
-checkpoint's ``generation_config.json`` ``suppress_tokens``/``eos_token_id``: the same request
-gives the same tokens on every worker.
+request never waits for the running ones to finish. Tokens are picked as the request asks
+(``worker.stages.sampling``: greedy by default) with the checkpoint's ``generation_config.json``
+``suppress_tokens``/``eos_token_id``: a greedy or seeded request gives the same tokens on every
+worker. ``logprobs`` and ``response_format`` are the Qwen3-Omni thinker's: refused here.
 
 What a request feeds the model is a ``Program``: ``TextProgram`` (a prompt; streams tokens,
 and hidden states if asked).
@@ -32,6 +33,7 @@ from worker.stages.base import (
 )
 from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
+from worker.stages.sampling import SamplerState, Sampling, pick
 
 
 @dataclass(slots=True)
@@ -48,6 +50,7 @@ class ARRequest:
     prompt_len: int = 0
     stream_ended: bool = False
     upstream_info: dict[str, Any] = field(default_factory=dict)
+    sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
 
 
 class AutoregressiveExecutor(StageExecutor):
@@ -154,9 +157,12 @@ class AutoregressiveExecutor(StageExecutor):
             r = next((p for p in self.pending if p.rid == rid), None)
         return r
 
-    def _pick(self, logits: Any) -> list[int]:
+    def _pick(self, logits: Any, rows: list[ARRequest]) -> list[int]:
         logits = logits.float().masked_fill(self.suppress[: logits.shape[-1]], float("-inf"))
-        return logits.argmax(dim=-1).tolist()
+        tokens = pick(self.torch, logits, [r.sampler for r in rows])
+        for r, t in zip(rows, tokens, strict=True):
+            r.sampler.add(t)
+        return tokens
 
     def _prefill(self, r: ARRequest) -> list[Output]:
         embeds = self.program.prefill_embeds(r)
@@ -191,7 +197,8 @@ class AutoregressiveExecutor(StageExecutor):
         logits, hidden = self.batch.step(
             self.model, embeds, torch.tensor(valid, device=embeds.device), positions, want_hidden
         )
-        tokens = self._pick(logits)
+        live = [i for i, v in enumerate(valid) if v]  # (a bubble row draws nothing)
+        tokens = dict(zip(live, self._pick(logits[live], [rows[i] for i in live]), strict=True))
         done: set[str] = set()
         for i, (r, v) in enumerate(zip(rows, valid, strict=False)):
             if not v:
@@ -254,15 +261,20 @@ class TextProgram(Program):
             if meta.max_tokens is None
             else min(meta.max_tokens, eng.max_new_tokens)
         )
+        prompt = list(payload["input_ids"])
         return ARRequest(
             rid,
             meta,
             max_new=max(1, limit),
-            prompt=list(payload["input_ids"]),
+            prompt=prompt,
             want_hidden="audio" in meta.outputs,
+            sampler=SamplerState.of(meta.sampling, prompt),
         )
 
     def prefill_embeds(self, r: ARRequest) -> Any:
+        if r.meta.logprobs is not None or r.meta.grammar is not None:
+            # (the Qwen3-Omni thinker serves them; refused here rather than ignored)
+            raise ValueError("logprobs and response_format are not served by this model")
         torch = self.ex.torch
         ids = torch.tensor([r.prompt], device=self.ex.ctx.device)
         embeds = self.ex.embed(ids)
@@ -279,7 +291,7 @@ class TextProgram(Program):
     def after_prefill(self, r: ARRequest, logits: Any, hidden: Any) -> list[Output]:
         self.ex.running[r.rid] = r
         return self.on_token(
-            r, self.ex._pick(logits)[0], hidden[-1] if hidden is not None else None
+            r, self.ex._pick(logits, [r])[0], hidden[-1] if hidden is not None else None
         )
 
     def step_embeds(self, r: ARRequest) -> Any:
@@ -290,7 +302,12 @@ class TextProgram(Program):
             return self._stop(r, "stop")
         r.generated += 1
         r.last = token
-        data = {"tokens": [token], "hidden": _np(hidden)[None] if hidden is not None else None}
+        data: dict[str, Any] = {
+            "tokens": [token],
+            "hidden": _np(hidden)[None] if hidden is not None else None,
+        }
+        if r.generated == 1:  # (decode's usage if a stop text ends the reply)
+            data["prompt_tokens"] = r.prompt_len
         outs: list[Output] = [(CHUNK, r.rid, data)]
         if r.generated >= r.max_new:
             outs += self._stop(r, "length")

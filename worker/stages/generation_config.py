@@ -32,12 +32,17 @@ def _ids(value: object) -> list[int]:
     return []
 
 
+def read_generation_config(directory: Path) -> dict[str, Any]:
+    """``directory/generation_config.json`` (empty where the checkpoint has none)."""
+    path = Path(directory) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def stop_tokens(
     directory: Path, config_eos: object = None, always: tuple[int, ...] = ()
 ) -> StopTokens:
     """``directory``'s generation config (none: the model config's ``config_eos``), plus the
     ``always`` tokens a family's chat format ends turns with (Qwen's ``<|im_end|>``)."""
-    path = Path(directory) / "generation_config.json"
-    gen = json.loads(path.read_text()) if path.is_file() else {}
+    gen = read_generation_config(directory)
     eos = _ids(gen["eos_token_id"]) if "eos_token_id" in gen else _ids(config_eos)
     return StopTokens(frozenset(eos) | frozenset(always), tuple(_ids(gen.get("suppress_tokens"))))

@@ -33,11 +33,6 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / "config.json").read_text())
 
 
-def generation_defaults(checkpoint: Path) -> dict[str, Any]:
-    path = checkpoint / "generation_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def load_model(checkpoint: Path, device: str = "cpu", dtype=torch.float32) -> Qwen3TTSModel:
     """Build the module tree and load ``model.safetensors`` (or its shards) strictly."""
     from worker.models.qwen3_tts.weights import load_into

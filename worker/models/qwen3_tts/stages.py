@@ -159,11 +159,11 @@ class TTSEngineExecutor(StageExecutor):
         from worker.models.qwen3_tts.engine import (
             PromptBuilder,
             TalkerEngine,
-            generation_defaults,
             read_config,
         )
         from worker.models.qwen3_tts.modeling import Qwen3TTSModel
         from worker.models.qwen3_tts.weights import load_stage_weights
+        from worker.stages.generation_config import read_generation_config
 
         self.torch = torch
         ck = self.ctx.checkpoint
@@ -179,7 +179,7 @@ class TTSEngineExecutor(StageExecutor):
         )
         self.model = model.eval()
         self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
-        defaults = generation_defaults(ck)
+        defaults = read_generation_config(ck)
         self.engine = TalkerEngine(self.model, defaults)
         # the spec's cap, within the checkpoint's own max_new_tokens (the package's default)
         self.max_new = min(
