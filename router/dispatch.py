@@ -22,6 +22,7 @@ class Dispatch:
         "body",
         "c",
         "deadline",
+        "failovers",
         "head_tail",
         "reqline",
         "retryable",
@@ -45,6 +46,7 @@ class Dispatch:
         self.rid_line = rid_line
         self.attempt = 0
         self.deadline = 0.0
+        self.failovers = 0  # times its stream resumed on another worker after it broke
         self.tried: set[str] = set()
         self.retryable = retryable  # the whole body is here (not a streamed upload): resendable
         self.bind_key: str | None = None  # a session bound by this request: undone if refused

@@ -56,6 +56,17 @@ class CloseBy(StrEnum):
     DROPPED = "dropped"  # the worker's connection ended mid-frame: no close frame could go out
 
 
+class FailoverOutcome(StrEnum):
+    """How a stream that broke after part of it was relayed ended up (docs/reliability.md)."""
+
+    RESUMED = "resumed"  # another worker's replay caught up with the client: the stream goes on
+    DIVERGED = "diverged"  # the replay was not the same stream: cut with the terminal error
+    NO_WORKER = "no_worker"  # no other eligible worker could be reached
+    LIMIT = "limit"  # the request used its failovers (max_stream_failovers)
+    TOO_OLD = "too_old"  # the stream ran longer than stream_failover_max_age_s
+    NOT_REPLAYABLE = "not_replayable"  # an upload not kept, an endpoint with side effects
+
+
 # close codes with a label of their own (RFC 6455 section 7.4.1); "none": no close frame
 CLOSE_CODES = ("1000", "1001", "1005", "1008", "1009", "1011", "1012", "1013", "other", "none")
 _CLOSE_LABEL = {int(c): c for c in CLOSE_CODES[:-2]}
@@ -72,6 +83,8 @@ class Metrics:
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
         self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
+        self.failovers = {(r, o.value): 0 for r in ROUTES for o in FailoverOutcome}
+        self.replayed_bytes = 0  # generated again by a failover's worker and dropped
         self.redis_reconnects = 0
         self.health_transitions = 0
         self.probes_failed = 0
@@ -91,6 +104,9 @@ class Metrics:
     def ws_closed(self, by: CloseBy, code: int | None) -> None:
         label = "none" if code is None else _CLOSE_LABEL.get(code, "other")
         self.ws_closes[by.value, label] += 1
+
+    def failover(self, route: str, outcome: FailoverOutcome) -> None:
+        self.failovers[route, outcome.value] += 1
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
@@ -137,6 +153,21 @@ class _Collector:
         for (by, code), n in m.ws_closes.items():
             if n:
                 c.add_metric([by, code], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_stream_failovers",
+            "Streams whose worker failed part way, by what became of them",
+            labels=["route", "outcome"],
+        )
+        for (route, outcome), n in m.failovers.items():
+            if n:
+                c.add_metric([route, outcome], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_stream_replayed_bytes",
+            "Bytes a failover's worker generated again up to where the client's stream was",
+        )
+        c.add_metric([], m.replayed_bytes)
         yield c
         h = HistogramMetricFamily(
             "omni_router_request_duration_seconds",

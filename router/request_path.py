@@ -33,11 +33,11 @@ from router.classify import (
 )
 from router.dispatch import Dispatch, retry_backoff
 from router.http.headers import read_client_headers
-from router.http.proxy import BODY, WAITING, Upstream
+from router.http.proxy import BODY, LEFT_FLEET, WAITING, Resumed, Upstream, end_stream
 from router.http.server import ClientConnection, ClientLimits, Request
 from router.http.tunnel import GOING_AWAY, WORKER_LOST, Tunnel
 from router.http.wire import error_response
-from router.metrics import AffinityOutcome, CloseBy, Metrics
+from router.metrics import AffinityOutcome, CloseBy, FailoverOutcome, Metrics
 from router.policies import CHOOSERS
 from router.probes import Prober
 from router.resources import is_exhaustion
@@ -104,9 +104,10 @@ class RequestPath:
         self.rid_prefix = os.urandom(4).hex().encode() + b"-"
         self.rid_counter = itertools.count(1)
         self.retry_after_line = b"retry-after: %d\r\n" % settings.retry_after_s
+        self.created_line = _created_line()  # renewed by the sweep
         self.in_flight = 0
         self.ws_sessions = 0
-        self.tunnels: set[Tunnel] = set()  # open WebSocket sessions
+        self.tunnels: dict[Tunnel, WorkerState] = {}  # open WebSocket sessions, by worker
         self.active: set[ClientConnection] = set()  # clients with an exchange under way
         self.clients: set[ClientConnection] = set()  # every open client connection
         self.max_clients = 1 << 30  # set from the descriptor budget when serving starts
@@ -199,7 +200,7 @@ class RequestPath:
             fwd.append(b"content-length: %d\r\n" % len(body))
         if c.session_key is not None:  # the worker learns the key the router routed on
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
-        fwd += (rid_line, self.worker_token_line, b"\r\n")
+        fwd += (rid_line, self.created_line, self.worker_token_line, b"\r\n")
         d = Dispatch(
             c,
             req.method + b" " + url + b" HTTP/1.1\r\n",
@@ -471,6 +472,98 @@ class RequestPath:
         self.metrics.policy["retried"] += 1
         self._send(client, nxt, d)
 
+    def exchange_broke(self, client: ClientConnection, conn: Upstream, reason: str) -> bool:
+        """A stream broke after part of it was relayed (its worker died, hung or left the
+        fleet). True: the request goes to another worker, and the client's stream continues
+        from that worker's replay (``Resumed``: it is the same stream because a reply is a
+        function of the request, worker.api.replay). False: the caller ends the stream with
+        the terminal error, as before."""
+        d = client.dispatch
+        worker = client.worker
+        s = self.settings
+        nxt = None
+        if conn.diverged:
+            outcome = FailoverOutcome.DIVERGED
+        elif d is None or d.c.endpoint not in _RESENDABLE:
+            outcome = FailoverOutcome.NOT_REPLAYABLE
+        elif d.failovers >= s.max_stream_failovers:
+            outcome = FailoverOutcome.LIMIT
+        elif time.monotonic() - client.started > s.stream_failover_max_age_s:
+            outcome = FailoverOutcome.TOO_OLD
+        elif not (d.retryable or client.rewind_upload()):  # a transcription's upload, kept
+            outcome = FailoverOutcome.NOT_REPLAYABLE
+        else:
+            if worker is not None:
+                d.tried.add(worker.id)
+            nxt = self._retry_target(d)
+            outcome = FailoverOutcome.NO_WORKER
+        if nxt is None or d is None:
+            self.metrics.failover(client.route, outcome)
+            return False
+        # the broken worker's part is over (as exchange_done ends an interrupted stream)
+        self.active.discard(client)
+        client.upstream = None
+        client.worker = None
+        if worker is not None:
+            worker.in_flight -= 1
+            worker.errors += 1
+            log.warning(
+                "stream from worker %s broke (%s): resuming on %s", worker.id, reason, nxt.id
+            )
+            self._transport_failure(worker, reason)
+        d.failovers += 1
+        key = d.c.session_key
+        if key is not None and worker is not None:  # the session follows its stream
+            self.spawn(self.affinity.follow(key, worker.id, nxt.id))
+        tail = conn.last_piece if conn.sent else b""
+        self.spawn(self._fail_over(client, nxt, d, conn.sent, tail, conn.sse))
+        return True
+
+    async def _fail_over(
+        self,
+        client: ClientConnection,
+        worker: WorkerState | None,
+        d: Dispatch,
+        sent: int,
+        tail: bytes,
+        sse: bool,
+    ) -> None:
+        """Send ``d`` again, to ``worker`` or after a failure to connect to the next one; the
+        new connection's relay resumes the client's stream where it was."""
+        timeout = self.settings.connect_timeout_s
+        while worker is not None:
+            pool = worker.pool
+            assert pool is not None
+            try:
+                conn = await pool.connect(lambda p: Resumed(p, sent, tail, sse), timeout)
+            except (OSError, TimeoutError) as exc:
+                if is_exhaustion(exc):
+                    break
+                self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
+                d.tried.add(worker.id)
+                worker = None if client.closed else self._retry_target(d)
+                continue
+            if client.closed:  # the client went away while the replay was on its way
+                conn.close()
+                self.exchange_aborted(client)
+            else:
+                self._attach(client, worker, conn, d)
+            return
+        self.metrics.failover(client.route, FailoverOutcome.NO_WORKER)
+        self.metrics.error(client.route, ErrorCode.STREAM_INTERRUPTED)
+        self.in_flight -= 1
+        if not client.closed:
+            end_stream(client.transport, sse, tail or b"\n\n", "no worker could resume the stream")
+        self.metrics.request(client.route, 200, time.monotonic() - client.started)
+        client.finish()
+
+    def stream_resumed(self, client: ClientConnection, conn: Resumed) -> None:
+        """A replay caught up with what the client had: the stream goes on."""
+        self.metrics.failover(client.route, FailoverOutcome.RESUMED)
+        self.metrics.replayed_bytes += conn.had
+        worker = client.worker
+        log.info("stream resumed on worker %s after %d bytes", worker and worker.id, conn.had)
+
     def exchange_aborted(self, client: ClientConnection) -> None:
         """The client went away mid-exchange."""
         worker = client.worker
@@ -593,7 +686,7 @@ class RequestPath:
         worker.requests += 1
         worker.ws_sessions += 1
         self.ws_sessions += 1
-        self.tunnels.add(tunnel)
+        self.tunnels[tunnel] = worker
         if transport.is_closing():  # it closed before this task resumed: not a live session
             self._tunnel_closed(client, worker, tunnel)
             return
@@ -610,7 +703,7 @@ class RequestPath:
         that ended without one (the worker died) gets the router's 1011 to the client."""
         if tunnel not in self.tunnels:
             return  # a connection given up before the upgrade went out: never counted
-        self.tunnels.discard(tunnel)
+        del self.tunnels[tunnel]
         worker.in_flight -= 1
         worker.ws_sessions -= 1
         self.in_flight -= 1
@@ -654,15 +747,22 @@ class RequestPath:
         for tick in itertools.count():
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
+            self.created_line = _created_line()
             self.affinity.log_summary(now)
             for client in list(self.active):
                 conn = client.upstream
                 if conn is None:
                     continue
-                if conn.state == WAITING and now - conn.sent_at > s.headers_timeout_s:
+                worker = client.worker
+                if worker is not None and worker.gone:  # paused or cut off: it stopped beating
+                    conn.abort(LEFT_FLEET)
+                elif conn.state == WAITING and now - conn.sent_at > s.headers_timeout_s:
                     conn.abort(f"timeout: no response headers within {s.headers_timeout_s:g}s")
                 elif conn.state == BODY and now - conn.last_activity > s.idle_timeout_s:
                     conn.abort(f"timeout: worker sent nothing for {s.idle_timeout_s:g}s")
+            for tunnel, worker in list(self.tunnels.items()):
+                if worker.gone and tunnel.transport is not None:
+                    tunnel.transport.close()  # the client gets 1011 and resumes elsewhere
             # slow clients (slowloris): a request that stopped arriving, while we were reading;
             # idle ones: no request under way (never started, or kept alive after one)
             idle_too = tick % _IDLE_SWEEP_EVERY == 0
@@ -681,6 +781,12 @@ class RequestPath:
                         client.stall_at = now
                     elif now - client.stall_at > s.client_idle_timeout_s:
                         client.idle_out()
+
+
+def _created_line() -> bytes:
+    """When the router takes a request in, sent with it: its reply's ``created`` on whichever
+    worker serves it, a replay included (worker.api.replay)."""
+    return b"x-omni-created: %d\r\n" % time.time()
 
 
 async def _open_upstream(worker: WorkerState, timeout: float) -> Upstream:

@@ -91,6 +91,12 @@ class RouterSettings(OmniSettings):
     request_deadline_s: float = Field(10.0, gt=0, description="budget for connect retries")
     max_attempts: int = Field(3, ge=1, description="workers tried when connecting fails")
     retry_backoff_s: float = Field(0.02, ge=0, description="base of the jittered backoff")
+    max_stream_failovers: int = Field(
+        2, ge=0, description="times a stream whose worker fails part way resumes on another"
+    )
+    stream_failover_max_age_s: float = Field(
+        600.0, gt=0, description="a stream older than this is not replayed (ends with an error)"
+    )
 
     # health
     probe_interval_s: float = Field(1.0, gt=0, description="period of each worker's /health probe")

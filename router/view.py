@@ -33,6 +33,7 @@ class WorkerState:
         "capacity",
         "endpoints",
         "errors",
+        "gone",
         "health",
         "host",
         "host_line",
@@ -71,6 +72,7 @@ class WorkerState:
         self.requests = 0
         self.ws_sessions = 0  # this process's WebSocket sessions on the worker (in in_flight too)
         self.errors = 0
+        self.gone = False  # left the fleet (its record expired or it deregistered)
         self.last_picked = 0  # recency order for round_robin
         self.latency = 0.0  # moving average of request duration (s), a tie-breaker for `load`
         self.load: LoadReport | None = None
@@ -212,6 +214,7 @@ class FleetView:
         state = self.workers.get(worker_id)
         if state is not None and not state.static:
             del self.workers[worker_id]
+            state.gone = True  # its streams still open fail over (RequestPath.sweep)
             if state.pool is not None:
                 state.pool.close()
             self.version += 1

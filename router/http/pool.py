@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class Pool:
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
 
-    async def connect(self, factory: type[Upstream], timeout_s: float) -> Upstream:
+    async def connect(self, factory: Callable[[Pool], Upstream], timeout_s: float) -> Upstream:
+        """A new connection whose relay ``factory`` makes (``Upstream``, or a replay's)."""
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: factory(self), self.host, self.port), timeout_s

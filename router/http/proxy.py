@@ -4,6 +4,11 @@ The relay is callback-driven (no task per request): httptools calls ``on_body`` 
 the worker sends and the piece goes straight to the client's transport. Backpressure runs the
 other way: when the client's transport pauses writing, the client pauses reading here, so a slow
 client slows the worker's socket instead of growing a buffer.
+
+A stream that breaks part way (the worker died, hung, or its heartbeat lapsed) may go on from
+another worker: the relay counts the body bytes it sent and keeps the last piece, and a
+``Resumed`` relay on the new worker's connection drops what the client already has, checks that
+the replay's bytes before that point end with the same piece, and relays the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ _PLAIN_CONNECTION_AS_SENT = _PLAIN_CONNECTION | {b"Keep-Alive", b"Close"}  # no 
 # as it comes (no parser pass, no copy); smaller bodies take the parser's path.
 RAW_MIN = 16384
 _NO_BODY_STATUS = frozenset({204, 304})
+# why a connection is dropped whose worker left the fleet (its heartbeat lapsed): a request
+# still waiting for its answer is resent, a stream part way resumes elsewhere
+LEFT_FLEET = "the worker left the fleet (its heartbeat lapsed)"
 
 
 class Downstream(Protocol):
@@ -44,6 +52,8 @@ class Downstream(Protocol):
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
     def upstream_refused(self, conn: Upstream) -> None: ...
     def upstream_reset(self, conn: Upstream) -> None: ...
+    def upstream_broke(self, conn: Upstream, reason: str) -> bool: ...
+    def stream_resumed(self, conn: Resumed) -> None: ...
 
 
 class ConnectionPool(Protocol):
@@ -54,6 +64,7 @@ class ConnectionPool(Protocol):
 
 
 class Upstream(asyncio.Protocol):
+    diverged = False  # (a Resumed relay's replay that was not the same stream)
     __slots__ = (
         "answered",
         "chunked_in",
@@ -70,6 +81,7 @@ class Upstream(asyncio.Protocol):
         "pool",
         "raw_left",
         "refused",
+        "sent",
         "sent_at",
         "sock",
         "sse",
@@ -94,6 +106,7 @@ class Upstream(asyncio.Protocol):
         self.until_close = False
         self.sse = False
         self.last_piece = b"\n\n"
+        self.sent = 0  # body bytes of a chunked stream relayed to the client
         self.closed = False
         self.sent_at = 0.0
         self.last_activity = 0.0
@@ -210,7 +223,7 @@ class Upstream(asyncio.Protocol):
             return
         if self.state == WAITING:
             self.state = IDLE
-            if not self.answered and not self.fail_reason:
+            if not self.answered and (not self.fail_reason or self.fail_reason is LEFT_FLEET):
                 client.upstream_reset(self)  # nothing came back: the router may resend
             else:
                 client.upstream_failed(self, self.fail_reason or "worker closed the connection")
@@ -220,16 +233,14 @@ class Upstream(asyncio.Protocol):
             self._finish(client)  # a response delimited by the end of the connection
             return
         reason = self.fail_reason or "worker connection lost mid-response"
-        if self.sse and self.chunked_out:
-            # end the stream with a final error event the client can read
-            sep = b"" if self.last_piece.endswith(b"\n\n") else b"\n\n"
-            tail = chunk(sep + sse_error_event(reason)) + b"0\r\n\r\n"
-            if self.head is not None:
-                tail = self.head + tail
-                self.head = None
-            client.transport.write(tail)
-        else:
-            client.transport.close()  # cut: the client sees an incomplete body
+        if self.head is not None:  # no body byte came: the client gets the head now
+            client.transport.write(self.head)
+            self.head = None
+        # a stream another worker can take over: the client has a 200 head and a body in
+        # chunks, so what follows can come from elsewhere
+        if self.chunked_out and self.status == 200 and client.upstream_broke(self, reason):
+            return
+        end_stream(client.transport, self.sse and self.chunked_out, self.last_piece, reason)
         client.upstream_done(self, self.status, reason)
 
     # -- exchange --------------------------------------------------------------------------
@@ -239,6 +250,7 @@ class Upstream(asyncio.Protocol):
 
     def send(self, client: Downstream, data: bytes) -> None:
         self.client = client
+        self.sent = 0
         self.state = WAITING
         self.headers = []
         self.head = None
@@ -355,7 +367,8 @@ class Upstream(asyncio.Protocol):
         self.last_activity = time.monotonic()
         if self.chunked_out:
             data = b"%x\r\n%b\r\n" % (len(body), body)
-            self.last_piece = body  # only its end is looked at, and only if the stream breaks
+            self.last_piece = body  # looked at only if the stream breaks
+            self.sent += len(body)
         else:
             data = body
         if self.head is not None:
@@ -394,6 +407,102 @@ class Upstream(asyncio.Protocol):
         if tail:
             client.transport.write(tail)
         client.upstream_done(self, self.status, None)
+
+
+def end_stream(transport: asyncio.Transport, sse: bool, last_piece: bytes, reason: str) -> None:
+    """A broken stream that cannot go on: an SSE stream ends with a final error event the
+    client can read (after the event it was in, cut short); any other body is cut, so the client
+    sees it incomplete."""
+    if sse:
+        sep = b"" if last_piece.endswith(b"\n\n") else b"\n\n"
+        transport.write(chunk(sep + sse_error_event(reason)) + b"0\r\n\r\n")
+    else:
+        transport.close()
+
+
+class Unpooled:
+    """Where a replay's connection goes when its exchange is over: closed, not pooled (its
+    relay is a ``Resumed`` one, for that one response)."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    def put(self, conn: Upstream) -> None:
+        conn.close()
+
+    def discard(self, conn: Upstream) -> None:
+        self.pool.discard(conn)
+
+
+class Resumed(Upstream):
+    """The relay of a stream's replay on another worker. The client already has the head and
+    ``sent`` body bytes ending with ``tail``: the replay's first ``sent - len(tail)`` bytes are
+    dropped, the next ones must equal ``tail`` (else the replay is another stream: it is cut,
+    ``diverged``), and the rest is relayed as usual, framed in the client's chunks."""
+
+    __slots__ = ("check", "diverged", "had", "skip")
+
+    def __init__(self, pool: ConnectionPool, sent: int, tail: bytes, sse: bool) -> None:
+        super().__init__(Unpooled(pool))
+        self.had = sent
+        self.skip = sent - len(tail)
+        self.check = tail
+        self.diverged = False
+        self.sse = sse
+        self.last_piece = tail or b"\n\n"
+
+    def send(self, client: Downstream, data: bytes) -> None:
+        super().send(client, data)
+        self.sent = self.had
+
+    def on_headers_complete(self) -> None:
+        client = self.client
+        if client is None:
+            return
+        status = self.parser.get_status_code()
+        self.status = 200  # what the client has; the replay's own head is not relayed
+        self.state = BODY
+        self.chunked_out = True
+        self.last_activity = time.monotonic()
+        if status != 200:
+            self.fail_reason = f"the replay's worker answered HTTP {status}"
+            self.close()
+        elif not self.skip and not self.check:
+            client.stream_resumed(self)  # the client had the head only
+
+    def on_body(self, body: bytes) -> None:
+        if self.client is None or self.closed:
+            return
+        if self.skip:
+            n = min(self.skip, len(body))
+            self.skip -= n
+            body = body[n:]
+        if self.check and body:
+            n = min(len(self.check), len(body))
+            if body[:n] != self.check[:n]:
+                self._diverge("the replay differs from what the client received")
+                return
+            self.check = self.check[n:]
+            body = body[n:]
+            if not self.check and not self.skip:
+                self.client.stream_resumed(self)
+        if body:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.diverged or self.closed:
+            return
+        if self.skip or self.check:
+            self._diverge("the replay ended before where the client's stream was")
+            return
+        super().on_message_complete()
+
+    def _diverge(self, reason: str) -> None:
+        self.diverged = True
+        self.fail_reason = reason
+        self.close()
 
 
 def _refused_by_draining(headers: list[tuple[bytes, bytes]], client: Downstream) -> bool:

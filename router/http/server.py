@@ -34,7 +34,7 @@ HEAD_LINGER_BYTES = 4 * 2**20
 
 if TYPE_CHECKING:
     from router.dispatch import Dispatch
-    from router.http.proxy import Upstream
+    from router.http.proxy import Resumed, Upstream
     from router.view import WorkerState
 
 
@@ -80,6 +80,8 @@ class Handler(Protocol):
     def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None: ...
     def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None: ...
     def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None: ...
+    def exchange_broke(self, client: ClientConnection, conn: Upstream, reason: str) -> bool: ...
+    def stream_resumed(self, client: ClientConnection, conn: Resumed) -> None: ...
     def exchange_aborted(self, client: ClientConnection) -> None: ...
 
 
@@ -624,3 +626,9 @@ class ClientConnection(asyncio.Protocol):
 
     def upstream_reset(self, conn: Upstream) -> None:
         self.handler.exchange_reset(self, conn)
+
+    def upstream_broke(self, conn: Upstream, reason: str) -> bool:
+        return self.handler.exchange_broke(self, conn, reason)
+
+    def stream_resumed(self, conn: Resumed) -> None:
+        self.handler.stream_resumed(self, conn)

@@ -216,7 +216,7 @@ class Conn(asyncio.Protocol):
             if path == "/v1/audio/speech":
                 await self.audio(w)
             elif req.get("stream"):
-                await self.sse(w)
+                await self.sse(w, headers.get("x-omni-request-id", ""))
             else:
                 doc = {
                     "id": "chatcmpl-fake",
@@ -229,10 +229,12 @@ class Conn(asyncio.Protocol):
         finally:
             s.in_flight -= 1
 
-    async def sse(self, w) -> None:
+    async def sse(self, w, request_id: str) -> None:
         a = self.s.args
 
         def event(i: int) -> bytes:
+            if a.replayable:  # a function of the request, as a real worker's reply is
+                return b"data: " + orjson.dumps({"id": request_id, "i": i}) + b"\n\n"
             return b"data: " + orjson.dumps({"worker": a.id, "i": i, "t": time.time()}) + b"\n\n"
 
         if await self._chunked(w, b"text/event-stream\r\ncache-control: no-cache", event):
@@ -428,6 +430,9 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=5)
     p.add_argument("--chunk-delay-ms", type=float, default=0.0)
     p.add_argument("--chunk-bytes", type=int, default=4800, help="audio bytes per chunk")
+    p.add_argument(
+        "--replayable", action="store_true", help="stream events made from the request id only"
+    )
     p.add_argument("--capacity", type=int, default=64)
     p.add_argument(
         "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]

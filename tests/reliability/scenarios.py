@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tests.reliability import failover
 from tests.reliability.fleet import KEYS, Fleet, wait_until
 from tests.reliability.load import Load, Outcome, Summary
 
@@ -98,11 +99,13 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
     before = bind_sessions(fleet)
     victim = max(set(before.values()), key=lambda w: list(before.values()).count(w))
     w = fleet.workers[victim]
+    pinned = next(k for k, v in before.items() if v == victim)
+    resumed_before = failover.resumed(fleet)
+    watched = failover.references(fleet, pinned)
     load = Load(fleet.router_urls, fleet.auth, n=150, rate=15, seed=seed, sessions=SESSIONS)
     load.start()
     load.wait_done(40)
-    killed = time.monotonic()
-    w.kill()
+    killed, streams_ended = failover.watch_through(fleet, pinned, watched, w.kill)
     fleet.retire(victim)
     recovery = _time_until(
         lambda: all(victim not in fleet.routable(r) for r in fleet.routers),
@@ -111,20 +114,25 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
         killed,
     )
     outcomes = load.join()
+    streams_ended()
     s = Summary.of(outcomes)
-    # nothing is lost, and only requests that had reached the victim fail
+    # the watched streams on it went on from another worker, each equal to its undisturbed run
+    for ws in watched:
+        assert ws.worker == victim, (ws.name, ws.worker)
+        ws.check()
+    resumed = failover.resumed(fleet) - resumed_before
+    assert resumed >= len(watched), resumed
+    # nothing is lost; streams resume and unanswered requests are resent, so nothing fails
+    # either, unless a reply had been cut in its head (only requests on the victim)
     assert s.lost == 0, _explain(outcomes, lambda o: o.result == "lost")
     elsewhere = [o for o in outcomes if o.result == "failed" and o.worker != victim]
     assert not elsewhere, "failures not on the killed worker:\n" + _explain(
         elsewhere, lambda _o: True
     )
+    broken = [o for o in outcomes if o.result == "failed" and o.status == 200]
+    assert not broken, "streams that did not resume:\n" + _explain(broken, lambda _o: True)
     codes = {o.code for o in outcomes if o.result == "failed"}
     assert codes <= FAILURE_CODES_ON_VICTIM, codes
-    # a stream that was on it ends with an error event (SSE) or a cut body (audio)
-    for o in outcomes:
-        if o.result == "failed" and o.status == 200:
-            want = "stream_interrupted" if o.kind == "chat_stream" else "cut"
-            assert o.code == want, _explain([o], lambda _o: True)
     late = [o for o in outcomes if o.result == "failed" and o.started > killed + 0.2]
     assert not late, "requests that started after the kill failed:\n" + _explain(
         late, lambda _o: True
@@ -142,7 +150,11 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
         s,
         round(recovery, 2),
         "killed -> out of every router",
-        [f"victim {victim} held {len(mine)} sessions; {len(moved)} re-bound elsewhere"],
+        [
+            f"victim {victim} held {len(mine)} sessions; {len(moved)} re-bound elsewhere",
+            f"{resumed} streams resumed on another worker, the 3 watched ones equal to their "
+            "undisturbed runs (greedy and seeded text, pcm audio byte for byte)",
+        ],
     )
 
 
@@ -193,13 +205,18 @@ def worker_drained(fleet: Fleet, seed: int = 2) -> Result:
 
 def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
     fleet.ensure(3)
-    victim = sorted(fleet.workers)[-1]
+    before = bind_sessions(fleet)
+    victim = max(set(before.values()), key=lambda w: list(before.values()).count(w))
     w = fleet.workers[victim]
+    pinned = next(k for k, v in before.items() if v == victim)
+    resumed_before = failover.resumed(fleet)
+    watched = failover.references(fleet, pinned)
     load = Load(fleet.router_urls, fleet.auth, n=200, rate=12, seed=seed)
     load.start()
     load.wait_done(30)
-    stopped = time.monotonic()
-    fleet.signal_tree(w, signal.SIGSTOP)
+    stopped, streams_ended = failover.watch_through(
+        fleet, pinned, watched, lambda: fleet.signal_tree(w, signal.SIGSTOP)
+    )
     try:
         out_s = _time_until(
             lambda: all(victim not in fleet.routable(r) for r in fleet.routers),
@@ -207,7 +224,9 @@ def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
             f"hung {victim} out of rotation",
             stopped,
         )
-        time.sleep(max(0.0, stopped_s - out_s))
+        streams_ended()  # they resumed elsewhere once its heartbeat lapsed
+        resumed_s = time.monotonic() - stopped
+        time.sleep(max(0.0, stopped_s - resumed_s))
     finally:
         fleet.signal_tree(w, signal.SIGCONT)
     resumed = time.monotonic()
@@ -219,11 +238,18 @@ def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
     )
     outcomes = load.join()
     s = Summary.of(outcomes)
+    for ws in watched:
+        assert ws.worker == victim, (ws.name, ws.worker)
+        ws.check()
+    n_resumed = failover.resumed(fleet) - resumed_before
+    assert n_resumed >= len(watched), n_resumed
     assert s.lost == 0, _explain(outcomes, lambda o: o.result == "lost")
     elsewhere = [o for o in outcomes if o.result == "failed" and o.worker != victim]
     assert not elsewhere, "failures not on the hung worker:\n" + _explain(
         elsewhere, lambda _o: True
     )
+    broken = [o for o in outcomes if o.result == "failed" and o.status == 200]
+    assert not broken, "streams that did not resume:\n" + _explain(broken, lambda _o: True)
     codes = {o.code for o in outcomes if o.result == "failed"}
     assert codes <= FAILURE_CODES_ON_VICTIM, codes
     # once it was out of rotation, new requests did not go to it until it came back
@@ -239,8 +265,9 @@ def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
         round(out_s + back_s, 2),
         "out of rotation + back after SIGCONT",
         [
-            f"out of rotation {out_s:.2f}s after SIGSTOP; routable {back_s:.2f}s after "
-            f"SIGCONT; {len(served_after)} requests served by it afterwards"
+            f"out of rotation {out_s:.2f}s after SIGSTOP; its streams ({n_resumed}) resumed "
+            f"elsewhere within {resumed_s:.2f}s, equal to their undisturbed runs; routable "
+            f"{back_s:.2f}s after SIGCONT; {len(served_after)} requests served by it afterwards"
         ],
     )
 

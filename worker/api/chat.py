@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import time
 
 import numpy as np
 import orjson
@@ -19,7 +18,6 @@ from worker.api import audio
 from worker.api.common import (
     TrackedStream,
     closed_response,
-    new_id,
     read_json,
     service_of,
     session_of,
@@ -29,6 +27,7 @@ from worker.api.errors import stage_error
 from worker.api.generation import Collected, collect, merged_events
 from worker.api.images import decode_image
 from worker.api.media import media_bytes
+from worker.api.replay import created, default_seed, reply_id
 from worker.api.schemas import (
     AudioPart,
     ChatRequest,
@@ -204,13 +203,13 @@ async def chat_completions(request: Request) -> Response:
             assert body.audio is not None
             voice, voice_audio = await resolve_voice(service, body.audio.voice, "audio.voice")
         gen = GenerationRequest(
-            request_id=new_id("chatcmpl"),
+            request_id=reply_id(request, "chatcmpl"),
             sampling=Sampling(
                 temperature=body.temperature,
                 top_p=body.top_p,
                 top_k=body.top_k,
                 min_p=body.min_p,
-                seed=body.seed,
+                seed=default_seed(request, body.seed),
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 repetition_penalty=body.repetition_penalty,
@@ -231,9 +230,11 @@ async def chat_completions(request: Request) -> Response:
         ticket.release()
         raise
     gens = _choices(gen, n)
+    at = created(request)
+    audio_id = reply_id(request, "audio")
     if body.stream:
         return TrackedStream(
-            _stream(service, body, gens, ticket),
+            _stream(service, body, gens, ticket, at, audio_id),
             ticket,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -254,9 +255,9 @@ async def chat_completions(request: Request) -> Response:
         assert body.audio is not None
         fmt = "wav" if body.audio.format == "wav" else "pcm"
         message["audio"] = {
-            "id": new_id("audio"),
+            "id": audio_id,
             "data": base64.b64encode(audio.encode(bytes(result.pcm16), fmt)).decode(),
-            "expires_at": int(time.time()) + AUDIO_TTL_S,
+            "expires_at": at + AUDIO_TTL_S,
             "transcript": text,
         }
     return Response(
@@ -264,7 +265,7 @@ async def chat_completions(request: Request) -> Response:
             {
                 "id": gen.request_id,
                 "object": "chat.completion",
-                "created": int(time.time()),
+                "created": at,
                 "model": model,
                 "choices": choices,
                 "usage": _usage([r.finished or Finished("stop") for r in results]),
@@ -314,11 +315,14 @@ def _usage(finished: list[Finished]) -> dict:
 
 
 async def _stream(
-    service: WorkerService, body: ChatRequest, gens: list[GenerationRequest], ticket: Ticket
+    service: WorkerService,
+    body: ChatRequest,
+    gens: list[GenerationRequest],
+    ticket: Ticket,
+    created: int,
+    audio_id: str,
 ):
     gen = gens[0]
-    created = int(time.time())
-    audio_id = new_id("audio")
     expires = created + AUDIO_TTL_S
     done = False
 

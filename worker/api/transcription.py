@@ -26,7 +26,6 @@ from planner.spec import Executor
 from worker.api import audio
 from worker.api.common import (
     closed_response,
-    new_id,
     read_form,
     service_of,
     session_of,
@@ -34,6 +33,7 @@ from worker.api.common import (
 )
 from worker.api.errors import from_pydantic, stage_error
 from worker.api.generation import collect, events
+from worker.api.replay import default_seed, reply_id
 from worker.api.schemas import TranscriptionForm
 from worker.engine import (
     AUDIO_INPUT_RATE,
@@ -94,12 +94,13 @@ async def transcriptions(request: Request) -> Response:
     session = session_of(request)
     ticket = service.admit(session)
     gen = GenerationRequest(
-        request_id=new_id("transcription"),
+        request_id=reply_id(request, "transcription"),
         kind=RequestKind.TRANSCRIPTION,
         messages=messages,
         audio=clip,
         session_id=session,
-        sampling=Sampling(temperature=body.temperature),  # (0 or unset: greedy)
+        # (0 or unset: greedy)
+        sampling=Sampling(temperature=body.temperature, seed=default_seed(request, None)),
     )
     duration = clip.size / AUDIO_INPUT_RATE
     if body.stream:

@@ -9,6 +9,11 @@ A request's ``stop`` texts end its reply where the first of them appears: the te
 is sent, the stop text is not, and the stage reports ``finish_reason`` "stop" at once (the
 coordinator then ends the request in every stage). Text that could be the start of a stop
 text is held back until the next tokens show whether it is.
+
+Each piece of the token stream as it was fed (one token per thinker step) is decoded on its
+own, even when several wait for one step: the deltas a client receives are then the same on
+every run and every worker, whatever the load, which is what lets the router resume a stream
+on another worker exactly (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from worker.stages.preprocess import load_tokenizer
 
 
 class _Text:
-    __slots__ = ("dirty", "ended", "held", "info", "logprobs", "pending", "prefix",
+    __slots__ = ("cuts", "ended", "held", "info", "logprobs", "pending", "prefix",
                  "prompt_tokens", "read", "stops", "tokens")  # fmt: skip
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
@@ -33,7 +38,7 @@ class _Text:
         self.pending: list[tuple] = []
         self.prefix = 0  # start of the decoding window
         self.read = 0  # tokens before this are already in the emitted text
-        self.dirty = False
+        self.cuts: list[int] = []  # where each fed piece of the stream ends, not decoded yet
         self.ended = False
         self.info: dict[str, Any] = {}
 
@@ -52,19 +57,19 @@ class DecodeExecutor(StageExecutor):
             t.tokens.extend(data["tokens"])
             t.logprobs.extend(data.get("logprobs", ()))
             t.prompt_tokens = data.get("prompt_tokens", t.prompt_tokens)
-            t.dirty = True
+            t.cuts.append(len(t.tokens))
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
         t = self.reqs.get(rid)
         if t is not None:
-            t.ended, t.dirty = True, True
+            t.ended = True
             t.info = dict(info)
 
     def abort(self, rid: str) -> None:
         self.reqs.pop(rid, None)
 
     def next_deadline(self) -> float | None:
-        return 0.0 if any(t.dirty for t in self.reqs.values()) else None
+        return 0.0 if any(t.cuts or t.ended for t in self.reqs.values()) else None
 
     def queue_depth(self) -> int:
         return len(self.reqs)
@@ -72,36 +77,45 @@ class DecodeExecutor(StageExecutor):
     def step(self) -> list[Output]:
         outs: list[Output] = []
         for rid, t in list(self.reqs.items()):
-            if not t.dirty:
-                continue
-            t.dirty = False
-            decode = self.tokenizer.decode
-            done = decode(t.tokens[t.prefix : t.read], skip_special_tokens=True)
-            text = decode(t.tokens[t.prefix :], skip_special_tokens=True)
-            new = ""
-            if len(text) > len(done) and (t.ended or not text.endswith("\ufffd")):
-                new = text[len(done) :]
-                if t.logprobs:
-                    t.pending += self._entries(t, t.read, len(t.tokens))
-                t.prefix, t.read = t.read, len(t.tokens)
-            if t.stops:
-                new, stopped = _scan(t, new)
-                if stopped:
-                    if new:
-                        outs.append((OUT, rid, _text(t, new)))
+            cuts, t.cuts = t.cuts, []
+            if t.ended and (not cuts or cuts[-1] != len(t.tokens)):
+                cuts.append(len(t.tokens))  # the last pass: what was held back goes out
+            for n, upto in enumerate(cuts):
+                last = t.ended and n == len(cuts) - 1
+                if self._piece(rid, t, upto, last, outs):
+                    break  # a stop text ended the reply
+            else:
+                if t.ended:
                     del self.reqs[rid]
-                    info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
-                            "completion_tokens": len(t.tokens)}  # fmt: skip
-                    outs.append((DONE, rid, info))
-                    continue
-                if t.ended:  # what was held back is the reply's end after all
-                    new, t.held = new + t.held, ""
-            if new:
-                outs.append((OUT, rid, _text(t, new)))
-            if t.ended:
-                del self.reqs[rid]
-                outs.append((DONE, rid, t.info))
+                    outs.append((DONE, rid, t.info))
         return outs
+
+    def _piece(self, rid: str, t: _Text, upto: int, last: bool, outs: list[Output]) -> bool:
+        """The text delta of ``tokens[:upto]`` (True: a stop text ended the reply)."""
+        decode = self.tokenizer.decode
+        done = decode(t.tokens[t.prefix : t.read], skip_special_tokens=True)
+        text = decode(t.tokens[t.prefix : upto], skip_special_tokens=True)
+        new = ""
+        if len(text) > len(done) and (last or not text.endswith("\ufffd")):
+            new = text[len(done) :]
+            if t.logprobs:
+                t.pending += self._entries(t, t.read, upto)
+            t.prefix, t.read = t.read, upto
+        if t.stops:
+            new, stopped = _scan(t, new)
+            if stopped:
+                if new:
+                    outs.append((OUT, rid, _text(t, new)))
+                del self.reqs[rid]
+                info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
+                        "completion_tokens": len(t.tokens)}  # fmt: skip
+                outs.append((DONE, rid, info))
+                return True
+            if last:  # what was held back is the reply's end after all
+                new, t.held = new + t.held, ""
+        if new:
+            outs.append((OUT, rid, _text(t, new)))
+        return False
 
     def _entries(self, t: _Text, start: int, end: int) -> list[tuple]:
         """The log probabilities of tokens ``start:end``, with their texts."""

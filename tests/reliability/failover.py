@@ -1,0 +1,145 @@
+"""Streams watched through a fault: a greedy chat stream, a seeded sampled one and a streamed
+pcm speech, pinned (by session key) to the worker the scenario breaks. Each is first served
+undisturbed for its reference; then all three run, the fault is injected once every one of them
+is part way, and each must still end whole and equal to its reference (text delta for delta,
+audio byte for byte): the router resumed it on another worker (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+
+from tests.reliability.fleet import Fleet
+from tests.reliability.load import MODEL, VOICE
+
+PROMPT = [{"role": "user", "content": "tell me a long story about omni fleets"}]
+SPEECH_TEXT = "omni fleet router worker audio " * 4
+STREAMS = (
+    ("greedy chat", "/v1/chat/completions",
+     {"model": MODEL, "messages": PROMPT, "temperature": 0, "stream": True,
+      "stream_options": {"include_usage": True}}),
+    ("seeded chat", "/v1/chat/completions",
+     {"model": MODEL, "messages": PROMPT, "temperature": 1.0, "seed": 11, "stream": True}),
+    ("speech pcm", "/v1/audio/speech",
+     {"model": MODEL, "input": SPEECH_TEXT, "voice": VOICE, "response_format": "pcm",
+      "stream": True}),
+)  # fmt: skip
+# how far each stream must be before the fault: SSE events, or audio pieces
+PART_WAY = {"greedy chat": 12, "seeded chat": 12, "speech pcm": 1}
+
+
+@dataclass
+class Watched:
+    name: str
+    path: str
+    body: dict
+    reference: bytes = b""
+    data: bytearray = field(default_factory=bytearray)
+    progress: int = 0  # events (SSE) or pieces (audio) received
+    worker: str = ""
+    finished: bool = False
+    error: str = ""
+
+    @property
+    def sse(self) -> bool:
+        return self.path.endswith("/completions")
+
+    def content(self, data: bytes) -> list:
+        """What must be equal: every chat event but its id and created, or the audio."""
+        if not self.sse:
+            return [data]
+        events = []
+        for line in data.decode().split("\n"):
+            if line.startswith("data: {"):
+                doc = orjson.loads(line[6:])
+                events.append({k: v for k, v in doc.items() if k not in ("id", "created")})
+            elif line.startswith("data: "):
+                events.append(line)
+        return events
+
+    def check(self) -> None:
+        assert self.finished and not self.error, (self.name, self.error)
+        got, want = self.content(bytes(self.data)), self.content(self.reference)
+        assert got == want, f"{self.name}: resumed stream differs from the undisturbed one"
+        if self.sse:  # one stream: one id and one created in every event
+            docs = [orjson.loads(ln[6:]) for ln in self.data.decode().split("\n")
+                    if ln.startswith("data: {")]  # fmt: skip
+            assert len({(d["id"], d["created"]) for d in docs}) == 1, self.name
+            assert "error" not in docs[-1], docs[-1]
+
+
+def _read(router: str, fleet: Fleet, w: Watched, session: str, into: bytearray | None) -> bytes:
+    buf = bytearray() if into is None else into
+    headers = {**fleet.auth, "x-session-id": session}
+    with httpx.stream("POST", router + w.path, json=w.body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        w.worker = r.headers["x-omni-worker-id"]
+        for piece in r.iter_raw():
+            buf += piece
+            if into is not None:
+                w.progress = buf.count(b"\n\ndata: ") if w.sse else w.progress + 1
+    return bytes(buf)
+
+
+def resumed(fleet: Fleet) -> int:
+    """Streams the routers resumed on another worker, over every route."""
+    total = 0.0
+    for r in fleet.routers:
+        for m in re.finditer(
+            r'omni_router_stream_failovers_total\{outcome="resumed",route="\w+"\} ([\d.]+)',
+            r.metrics(),
+        ):
+            total += float(m[1])
+    return int(total)
+
+
+def references(fleet: Fleet, session: str) -> list[Watched]:
+    """The three streams of ``session``, each served once undisturbed for its reference."""
+    streams = [Watched(n, p, b) for n, p, b in STREAMS]
+    for w in streams:
+        w.reference = _read(fleet.routers[0].url, fleet, w, session, None)
+    return streams
+
+
+def watch_through(
+    fleet: Fleet, session: str, streams: list[Watched], fault: Callable[[], None]
+) -> tuple[float, Callable[[], None]]:
+    """The ``streams`` of ``session`` (bound to the worker that ``fault`` breaks) all at once,
+    with ``fault()`` once each is part way. (The time of the fault, a call that waits until
+    every stream has ended.)"""
+    router = fleet.routers[0].url
+
+    def run(w: Watched) -> None:
+        try:
+            _read(router, fleet, w, session, w.data)
+            w.finished = True
+        except Exception as exc:  # reported by check()
+            w.error = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in streams]
+    threads[-1].start()  # the speech first: it is the slowest to begin
+    deadline = time.monotonic() + 30
+    while not streams[-1].progress and time.monotonic() < deadline:
+        time.sleep(0.002)
+    for t in threads[:-1]:
+        t.start()
+    while time.monotonic() < deadline and not all(
+        w.progress >= PART_WAY[w.name] or w.finished for w in streams
+    ):
+        time.sleep(0.001)
+    early = [w.name for w in streams if w.finished]
+    at = time.monotonic()
+    fault()
+    assert not early, f"ended before the fault, so not resumed: {early}"
+
+    def join() -> None:
+        for t in threads:
+            t.join(120)
+
+    return at, join
