@@ -9,8 +9,11 @@ Both expire ``ttl_ms`` after the last change.
 
 Resume: a client that reconnects with the same session id -- after its worker died or drained,
 on whichever worker the router then picks -- gets a session whose conversation is the stored
-one; the next response sees the whole history. Nothing in flight resumes: a response cut by the
-disconnect keeps only what was stored of it (an assistant item is stored when it is done or
+one; the next response sees the whole history. A response in flight is noted here while it runs
+(its ids and the ``response.create`` fields): if its worker dies, the session's new worker runs it
+again, whole, under the same ids, so the client gets the answer once (docs/realtime.md). A
+response that ends on its worker (done, cancelled, or cut by the client's disconnect) clears the
+note; it keeps only what was stored of it (an assistant item is stored when it is done or
 cancelled, truncated to what was sent). With API keys, the router's key id scopes the name, so
 one key cannot read another's conversation by guessing its session id.
 """
@@ -80,5 +83,23 @@ class ConversationStore:
             pipe.pexpire(self.keys.conversation(name), self.ttl_ms)
             await pipe.execute()
 
+    async def set_pending(self, name: str, response: dict) -> None:
+        await self.redis.set(
+            self.keys.conversation_pending(name), orjson.dumps(response), px=self.ttl_ms
+        )
+
+    async def clear_pending(self, name: str) -> None:
+        await self.redis.delete(self.keys.conversation_pending(name))
+
+    async def take_pending(self, name: str) -> dict | None:
+        """The response that was in flight when the session's last worker stopped, if any
+        (taken: a second resume does not run it again unless the re-run notes it anew)."""
+        raw = await self.redis.getdel(self.keys.conversation_pending(name))
+        return orjson.loads(raw) if raw else None
+
     async def delete(self, name: str) -> None:
-        await self.redis.delete(self.keys.conversation(name), self.keys.conversation_config(name))
+        await self.redis.delete(
+            self.keys.conversation(name),
+            self.keys.conversation_config(name),
+            self.keys.conversation_pending(name),
+        )

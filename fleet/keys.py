@@ -85,3 +85,8 @@ class FleetKeys:
     def conversation_config(self, session_key: str) -> str:
         """A realtime session's settings (JSON: voice, instructions, ...), beside its items."""
         return f"{self.prefix}conversation-config:{session_key}"
+
+    def conversation_pending(self, session_key: str) -> str:
+        """A realtime session's response in flight (JSON: its ids and ``response.create``
+        fields), set while it runs: a session resumed elsewhere re-runs it."""
+        return f"{self.prefix}conversation-pending:{session_key}"

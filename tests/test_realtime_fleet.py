@@ -1,8 +1,9 @@
 """Realtime voice sessions end to end: the official ``openai`` SDK's realtime client through a
 real omni-router to real tiny-omni workers of the live fleet (Redis, three workers, two
 routers, API keys). Text in -> text and audio out; audio in with server VAD; two turns;
-a cancelled response whose stages are freed; a worker killed mid-session and the SDK's own
-reconnect (same session id) resuming the conversation on another worker; a draining worker
+a cancelled response whose stages are freed; a worker killed mid-response and the SDK's own
+reconnect (same session id) resuming the conversation on another worker, which runs the cut
+response again, whole; a draining worker
 finishing its response, then closing with 1012."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import uuid
 
 import httpx
+import orjson
 import pytest
 
 from tests.realtime_client import (
@@ -190,18 +192,37 @@ def test_worker_killed_mid_session_resumes_on_another(omni_fleet: Fleet) -> None
             victim = bound_worker(omni_fleet, sid)
             await add_user_text(conn, "Now talk for long.")
             await conn.response.create(response={"max_output_tokens": 400})
+            cut = ""
             async for event in conn:  # the SDK's iterator reconnects on 1011
+                if event.type == "response.created":
+                    cut = event.response.id
                 if event.type == "response.output_audio.delta" and not closes:
                     omni_fleet.signal_tree(omni_fleet.workers[victim], signal.SIGKILL)
                 if event.type == "session.created":
                     break  # a fresh socket: the session, resumed on another worker
             assert closes == [1011], closes
+            # the response the kill cut runs again on the new worker, whole, under its id
+            rerun = await read_response(conn)
+            assert rerun.id == cut and rerun.status in FINISHED, (rerun.id, cut, rerun.status)
+            assert rerun.audio and rerun.transcript
             resumed = await say(conn, "Which word?")
             assert resumed.status in FINISHED
-            # the history came back from Redis: the new prompt holds the first turn
+            # the history came back from Redis: the new prompt holds both earlier turns
             assert resumed.usage.input_tokens >= first.usage.input_tokens + (
-                first.usage.output_tokens
+                first.usage.output_tokens + rerun.usage.output_tokens
             )
+            r = omni_fleet.redis_client()
+            try:
+                # (stored under the API key's id: ``fleet.conversations.conversation_name``)
+                key = next(r.scan_iter(match=KEYS.conversation("*" + sid)))
+                items = [orjson.loads(i) for i in r.lrange(key, 0, -1)]
+            finally:
+                r.close()
+            replies = [i for i in items if i["role"] == "assistant"]
+            # once each: the cut response is stored by its re-run only, whole
+            assert len(replies) == 3, replies
+            assert replies[1]["status"] == ("completed" if rerun.status == "completed"
+                                            else "incomplete"), replies  # fmt: skip
             return victim, bound_worker(omni_fleet, sid)
 
     victim, now = asyncio.run(run())

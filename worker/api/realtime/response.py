@@ -54,6 +54,9 @@ class Channel(Protocol):
     async def send_error(self, error: RealtimeError) -> None:
         """An ``error`` event, counted; never raises."""
 
+    async def response_ended(self, response: Response) -> None:
+        """The response ended on this worker: it is not to be run again on a resume."""
+
 
 @dataclass
 class ResponsePlan:
@@ -282,6 +285,7 @@ class Response:
                 with contextlib.suppress(RealtimeError):  # deleted by the client meanwhile
                     ch.conversation.items[ch.conversation.index(self.item_id)] = item
                     await ch.conversation.store_item(item)
+        await ch.response_ended(self)
         with contextlib.suppress(SessionClosed):
             if self.error is not None:
                 await ch.send_error(self.error)

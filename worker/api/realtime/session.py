@@ -132,6 +132,28 @@ class RealtimeSession:
                 _, self.voice_audio = await resolve_voice(self.service, self.config.voice, "voice")
         self._reset_vad()
         await self.send({"type": "session.created", "session": self.view()})
+        await self._rerun_interrupted()
+
+    async def _rerun_interrupted(self) -> None:
+        """The response that was in flight when this session's last worker died runs again,
+        whole, under the same response and item ids: the client gets the answer once (its
+        partial events from before carry the same ids: they are replaced)."""
+        if self.store is None:
+            return
+        try:
+            pending = await self.store.take_pending(self.stored_name)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("conversation %s: pending response not read: %s", self.stored_name, exc)
+            return
+        if pending is None:
+            return
+        try:
+            given = ev.ResponseIn.model_validate(pending["response"])
+        except ValueError as exc:  # a note of another build: nothing to re-run
+            log.warning("conversation %s: pending response dropped: %s", self.stored_name, exc)
+            return
+        log.info("realtime session %s: re-running response %s", self.session_id, pending["id"])
+        await self._start_response(given, pending["id"], pending["item_id"])
 
     async def stop_response(self) -> None:
         """Stop the response and transcriptions in flight, if any: their stages abort."""
@@ -306,11 +328,31 @@ class RealtimeSession:
             )
         await self._start_response(event.response)
 
-    async def _start_response(self, given: ev.ResponseIn | None) -> None:
-        plan = await plan_response(self, given or ev.ResponseIn())
+    async def _start_response(
+        self, given: ev.ResponseIn | None, response_id: str = "", item_id: str = ""
+    ) -> None:
+        given = given or ev.ResponseIn()
+        plan = await plan_response(self, given)
         response = Response(self, plan)
+        if response_id:
+            response.id, response.item_id = response_id, item_id
         self.response = response
+        if self.store is not None and plan.in_conversation:  # re-run if this worker dies
+            note = {"id": response.id, "item_id": response.item_id,
+                    "response": given.model_dump(mode="json", exclude_none=True)}  # fmt: skip
+            try:
+                await self.store.set_pending(self.stored_name, note)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("conversation %s: response not noted: %s", self.stored_name, exc)
         response.start()
+
+    async def response_ended(self, response: Response) -> None:
+        if self.store is None or not response.plan.in_conversation:
+            return
+        try:
+            await self.store.clear_pending(self.stored_name)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("conversation %s: pending note kept: %s", self.stored_name, exc)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         response = self.response
