@@ -104,7 +104,9 @@ class RequestPath:
         self.rid_prefix = os.urandom(4).hex().encode() + b"-"
         self.rid_counter = itertools.count(1)
         self.retry_after_line = b"retry-after: %d\r\n" % settings.retry_after_s
-        self.created_line = _created_line()  # renewed by the sweep
+        # the lines every request carries to its worker after its id: the time the router took
+        # it in (renewed by the sweep) and the worker token; one piece, so no cost per request
+        self.stamp_lines = _created_line() + worker_token_line
         self.in_flight = 0
         self.ws_sessions = 0
         self.tunnels: dict[Tunnel, WorkerState] = {}  # open WebSocket sessions, by worker
@@ -200,7 +202,7 @@ class RequestPath:
             fwd.append(b"content-length: %d\r\n" % len(body))
         if c.session_key is not None:  # the worker learns the key the router routed on
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
-        fwd += (rid_line, self.created_line, self.worker_token_line, b"\r\n")
+        fwd += (rid_line, self.stamp_lines, b"\r\n")
         d = Dispatch(
             c,
             req.method + b" " + url + b" HTTP/1.1\r\n",
@@ -747,7 +749,7 @@ class RequestPath:
         for tick in itertools.count():
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
-            self.created_line = _created_line()
+            self.stamp_lines = _created_line() + self.worker_token_line
             self.affinity.log_summary(now)
             for client in list(self.active):
                 conn = client.upstream

@@ -250,7 +250,6 @@ class Upstream(asyncio.Protocol):
 
     def send(self, client: Downstream, data: bytes) -> None:
         self.client = client
-        self.sent = 0
         self.state = WAITING
         self.headers = []
         self.head = None
@@ -347,6 +346,7 @@ class Upstream(asyncio.Protocol):
             self.until_close = not chunked_in
             if client.http11:
                 self.chunked_out = True
+                self.sent = 0  # (only a chunked stream is counted: see on_body)
                 parts.append(b"transfer-encoding: chunked\r\n")
             else:
                 client.keep_alive = False  # HTTP/1.0: the end of the body is the end of the link

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import httpx
 import redis
+import redis.sentinel
 
 from fleet.keys import FleetKeys
 from fleet.redis_server import RedisServer
 from tests.fakes.procs import Router
+from tests.redis_sentinel import Sentinel
 from tests.worker_procs import WorkerProcess
 
 FLEET = "rel"
@@ -73,14 +75,25 @@ def wait_until(check: Callable[[], object], timeout: float, what: str, interval:
         time.sleep(interval)
 
 
+SENTINEL_SERVICE = "omni-rel"
+
+
 class Fleet:
-    def __init__(self, n_workers: int = 3, n_routers: int = 2) -> None:
+    """``sentinel``: Redis is a primary, a replica and a ``redis-sentinel``, and the daemons
+    reach it through a ``redis+sentinel://`` URL (``self.redis`` is the first primary)."""
+
+    def __init__(self, n_workers: int = 3, n_routers: int = 2, sentinel: bool = False) -> None:
         self.n_workers = n_workers
         self.n_routers = n_routers
         self.api_key = "sk-rel-" + secrets.token_hex(12)
         self.worker_token = "wt-rel-" + secrets.token_hex(12)
         self.redis_password = "rp-rel-" + secrets.token_hex(12)
-        self.redis = RedisServer(password=self.redis_password)
+        # without the 5 s wait for more replicas, the replica syncs at once
+        no_delay = ["--repl-diskless-sync-delay", "0"] if sentinel else []
+        self.redis = RedisServer(password=self.redis_password, extra_args=no_delay)
+        self.use_sentinel = sentinel
+        self.replica: RedisServer | None = None
+        self.sentinel: Sentinel | None = None
         self.workers: dict[str, WorkerProcess] = {}
         self.retired: list[WorkerProcess] = []  # stopped or killed; their logs are still read
         self.routers: list[Router] = []
@@ -108,14 +121,30 @@ class Fleet:
     def router_urls(self) -> list[str]:
         return [r.url for r in self.routers]
 
+    @property
+    def redis_url(self) -> str:
+        """What the daemons are given."""
+        if self.sentinel is None:
+            return self.redis.url
+        return (
+            f"redis+sentinel://:{self.redis_password}@127.0.0.1:{self.sentinel.port}"
+            f"/{SENTINEL_SERVICE}"
+        )
+
     def redis_client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url, socket_timeout=2)
+        """A client of the primary (with Sentinel: whichever server it is now)."""
+        if self.sentinel is None:
+            return redis.Redis.from_url(self.redis.url, socket_timeout=2)
+        watcher = redis.sentinel.Sentinel([("127.0.0.1", self.sentinel.port)], socket_timeout=2)
+        return watcher.master_for(SENTINEL_SERVICE, password=self.redis_password, socket_timeout=2)
 
     # -- processes ---------------------------------------------------------------------------
 
     def start(self) -> Fleet:
         self.redis.start()
         try:
+            if self.use_sentinel:
+                self._start_sentinel()
             first = self.add_worker()
             # the others start once the first has built the seeded checkpoint in the cache
             wait_until(
@@ -135,6 +164,13 @@ class Fleet:
             raise
         return self
 
+    def _start_sentinel(self) -> None:
+        follow = ["--replicaof", "127.0.0.1", str(self.redis.port),
+                  "--masterauth", self.redis_password]  # fmt: skip
+        self.replica = RedisServer(password=self.redis_password, extra_args=follow).start()
+        self.sentinel = Sentinel(self.redis.port, SENTINEL_SERVICE, self.redis_password)
+        self.sentinel.wait_for_master(SENTINEL_SERVICE)
+
     def add_worker(self) -> WorkerProcess:
         """Start one more worker (not waited for: see wait_ready)."""
         worker_id = f"w{self._next_worker}"
@@ -142,7 +178,7 @@ class Fleet:
         w = WorkerProcess(
             *WORKER_ARGS,
             worker_id=worker_id,
-            env={"OMNI_REDIS_URL": self.redis.url, "OMNI_WORKER_TOKEN": self.worker_token},
+            env={"OMNI_REDIS_URL": self.redis_url, "OMNI_WORKER_TOKEN": self.worker_token},
         )
         w.token = self.worker_token  # WorkerProcess.headers then carries it
         self.workers[worker_id] = w
@@ -154,7 +190,7 @@ class Fleet:
 
     def router_env(self) -> dict[str, str]:
         return {
-            "OMNI_REDIS_URL": self.redis.url,
+            "OMNI_REDIS_URL": self.redis_url,
             "OMNI_API_KEY": f'["{self.api_key}"]',
             "OMNI_WORKER_TOKEN": self.worker_token,
         }
@@ -256,5 +292,10 @@ class Fleet:
             with contextlib.suppress(Exception):
                 self.signal_tree(w, signal.SIGCONT)
                 w.kill()
-        with contextlib.suppress(Exception):
-            self.redis.__exit__()
+        if self.sentinel is not None:
+            with contextlib.suppress(Exception):
+                self.sentinel.stop()
+        for server in (self.replica, self.redis):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.__exit__()
