@@ -230,6 +230,91 @@ def test_response_format_json_schema_is_met(sdk: openai.OpenAI) -> None:
     assert err.value.param == "response_format.json_schema.schema"
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Oslo", "Paris"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}  # fmt: skip
+
+
+def test_forced_tool_calls_parse_and_fit_their_schema(sdk: openai.OpenAI) -> None:
+    """tool_choice naming a function, and required: the random-weight model's reply is one call
+    (constrained decoding) whose arguments fit the function's parameters; streamed, the call
+    comes as a tool_calls delta; the history takes the call and the tool's result."""
+    import json
+
+    ask = [{"role": "user", "content": "Weather in Oslo for 3 days?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    out = sdk.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
+        tool_choice=named,  # type: ignore[arg-type]
+    )  # fmt: skip
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert args["city"] in ("Oslo", "Paris") and 1 <= args["days"] <= 7 and len(args) == 2
+    required = sdk.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
+        tool_choice="required", temperature=1.0, seed=3,
+    )  # fmt: skip
+    (other,) = required.choices[0].message.tool_calls or []
+    assert other.function.name in ("get_weather", "get_time")  # type: ignore[union-attr]
+    json.loads(other.function.arguments)  # type: ignore[union-attr]
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice=named, stream=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    deltas = [c.choices[0] for c in stream if c.choices]
+    calls = [t for d in deltas for t in (d.delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.arguments == call.function.arguments  # type: ignore[union-attr]
+    assert deltas[-1].finish_reason == "tool_calls"
+    # the call and its result in the history: the next turn's prompt holds both
+    history = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'},
+    ]
+    after = sdk.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=4, tools=[WEATHER_TOOL],  # type: ignore[arg-type, list-item]
+        tool_choice="none",
+    )  # fmt: skip
+    assert after.choices[0].finish_reason in ("stop", "length")
+    assert after.usage.prompt_tokens > out.usage.prompt_tokens  # type: ignore[union-attr]
+    plain = sdk.chat.completions.create(model=MODEL, messages=ask, max_tokens=4)
+    # tools are in the prompt (auto: the reply is free text the model may fill with calls)
+    auto = sdk.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=4, tools=[WEATHER_TOOL]
+    )  # type: ignore[list-item]
+    assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(
+            model=MODEL, messages=ask, max_tokens=4, tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "nope"}},  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert err.value.param == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(
+            model=MODEL, max_tokens=4, messages=[*ask, {"role": "tool", "content": "x"}],  # type: ignore[list-item]
+        )  # fmt: skip
+    assert err.value.param == "messages.1.tool_call_id"
+
+
 def test_n_choices_whole_and_streamed(sdk: openai.OpenAI) -> None:
     """n choices, each its own draws (seed + i with a seed: the set is reproducible); usage
     counts the prompt once and every choice's tokens."""

@@ -43,6 +43,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # chat: texts that end the reply (cut before them)
     logprobs: int | None = None  # chat: None, or the alternatives per token (top_logprobs)
     grammar: Grammar | None = None  # chat: the response_format the reply must fit
+    tools: list[dict] | None = None  # chat: the functions the prompt offers (worker.api.tools)
 
 
 AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume

@@ -32,10 +32,13 @@ from worker.api.schemas import (
     AudioPart,
     ChatRequest,
     ImagePart,
+    Message,
     ResponseFormat,
     TextPart,
     VideoPart,
 )
+from worker.api.tools import Calls, ToolUse, tool_use
+from worker.api.tools import history as tool_history
 from worker.api.video import decode_video
 from worker.api.voices import resolve_voice
 from worker.engine import (
@@ -70,6 +73,9 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
     messages: list[dict] = []
     total_seconds = 0.0
     for i, message in enumerate(body.messages):
+        if message.role == "tool" or message.tool_calls:
+            messages.append(_tool_turn(message, i))
+            continue
         if isinstance(message.content, str) or message.content is None:
             messages.append({"role": message.role, "content": message.content or ""})
             continue
@@ -106,6 +112,20 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
         else:
             messages.append({"role": message.role, "content": parts})
     return messages
+
+
+def _tool_turn(message: Message, i: int) -> dict:
+    """A ``tool`` result, or an assistant turn with ``tool_calls``, for the chat template."""
+    if message.role == "tool" and not message.tool_call_id:
+        raise _bad("a tool message needs its tool_call_id", f"messages.{i}.tool_call_id")
+    if message.tool_calls and message.role != "assistant":
+        raise _bad("only an assistant message has tool_calls", f"messages.{i}.tool_calls")
+    if not isinstance(message.content, str) and message.content is not None:
+        texts = [p.text for p in message.content if isinstance(p, TextPart)]
+        if len(texts) != len(message.content):
+            raise _bad("a tool turn holds text only", f"messages.{i}.content")
+        message = message.model_copy(update={"content": "".join(texts)})
+    return tool_history(message)
 
 
 def _grammar(fmt: ResponseFormat | None) -> Grammar | None:
@@ -191,6 +211,13 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
     grammar = _grammar(body.response_format)
+    tools = tool_use(body, grammars.available())
+    if tools is not None:
+        if want_audio:
+            raise _bad("tools are not supported with audio output", "tools")
+        if body.logprobs:
+            raise _bad("logprobs are not served with tools", "logprobs")
+        grammar = tools.grammar() or grammar
     stops = _stops(body.stop)
     if stops and want_audio:
         # the talker speaks each token as it comes: it cannot unsay what follows a stop text
@@ -215,9 +242,10 @@ async def chat_completions(request: Request) -> Response:
                 repetition_penalty=body.repetition_penalty,
                 logit_bias=_logit_bias(body.logit_bias),
             ),
-            stop=stops,
+            stop=stops + (tools.stops() if tools is not None else ()),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             grammar=grammar,
+            tools=tools.tools if tools is not None else None,
             kind=RequestKind.CHAT,
             messages=messages,
             output_audio=want_audio,
@@ -232,9 +260,10 @@ async def chat_completions(request: Request) -> Response:
     gens = _choices(gen, n)
     at = created(request)
     audio_id = reply_id(request, "audio")
+    calls = _calls(request, tools, n)
     if body.stream:
         return TrackedStream(
-            _stream(service, body, gens, ticket, at, audio_id),
+            _stream(service, body, gens, ticket, at, audio_id, calls),
             ticket,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -247,7 +276,7 @@ async def chat_completions(request: Request) -> Response:
         ticket.release()
     if results is None:
         return closed_response()
-    choices = [_choice(i, r, body) for i, r in enumerate(results)]
+    choices = [_choice(i, r, body, calls[i]) for i, r in enumerate(results)]
     result = results[0]
     if want_audio:
         text = choices[0]["message"]["content"]
@@ -275,6 +304,15 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
+def _tool_deltas(index: int, text: str, found: list[dict], calls: Calls) -> list[dict]:
+    """The deltas of a choice's text and completed tool calls (each call whole, with its index
+    among the choice's calls)."""
+    out: list[dict] = [{"content": text}] if text else []
+    first = len(calls.calls) - len(found)
+    out += [{"tool_calls": [{"index": first + k, **call}]} for k, call in enumerate(found)]
+    return out
+
+
 def _choices(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
     """``n`` requests for ``n`` choices: the same prompt, each its own draws (choice i seeded
     with ``seed + i`` when the request has a seed, so the set is reproducible)."""
@@ -290,17 +328,29 @@ def _choices(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
     ]
 
 
-def _choice(index: int, result: Collected, body: ChatRequest) -> dict:
-    message = {"role": "assistant", "content": "".join(result.text), "refusal": None}
+def _calls(request: Request, tools: ToolUse | None, n: int) -> list[Calls | None]:
+    """Per choice, what takes its tool calls out of its text (None: no tools). Call ids are
+    the same on every send of one router request (worker.api.replay)."""
+    if tools is None:
+        return [None] * n
+    base = reply_id(request, "call")
+    return [Calls(tools, lambda k, i=i: f"{base}-{i}-{k}") for i in range(n)]
+
+
+def _choice(index: int, result: Collected, body: ChatRequest, calls: Calls | None) -> dict:
+    text, reason = "".join(result.text), result.finish_reason
+    message: dict = {"role": "assistant", "content": text, "refusal": None}
+    if calls is not None:
+        sent, found = calls.feed(text)
+        rest, more = calls.finish()
+        if found or more:
+            message["content"] = (sent + rest) or None
+            message["tool_calls"] = found + more
+        reason = calls.finish_reason(reason)
     logprobs = (
         {"content": _logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
     )
-    return {
-        "index": index,
-        "message": message,
-        "logprobs": logprobs,
-        "finish_reason": result.finish_reason,
-    }
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
 def _usage(finished: list[Finished]) -> dict:
@@ -321,6 +371,7 @@ async def _stream(
     ticket: Ticket,
     created: int,
     audio_id: str,
+    calls: list[Calls | None],
 ):
     gen = gens[0]
     expires = created + AUDIO_TTL_S
@@ -352,7 +403,13 @@ async def _stream(
                 if isinstance(event, TextDelta):
                     ticket.text()
                     transcript.append(event.text)
-                    yield chunk(i, {"content": event.text}, None, event.logprobs)
+                    c = calls[i]
+                    if c is None:
+                        yield chunk(i, {"content": event.text}, None, event.logprobs)
+                        continue
+                    sent, found = c.feed(event.text)
+                    for out in _tool_deltas(i, sent, found, c):
+                        yield chunk(i, out)
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
@@ -364,7 +421,11 @@ async def _stream(
         if gen.output_audio:
             yield chunk(0, {"audio": {"id": audio_id, "transcript": "".join(transcript)}})
         for i, f in enumerate(finished):
-            yield chunk(i, {}, f.finish_reason)
+            c = calls[i]
+            if c is not None:
+                for out in _tool_deltas(i, *c.finish(), c):
+                    yield chunk(i, out)
+            yield chunk(i, {}, f.finish_reason if c is None else c.finish_reason(f.finish_reason))
         if body.stream_options is not None and body.stream_options.include_usage:
             yield _sse(
                 {

@@ -60,12 +60,46 @@ class VideoPart(Body):
     video_url: VideoUrl
 
 
+class FunctionCall(Body):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Body):
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | AudioPart | ImagePart | VideoPart] | None = None
     name: str | None = None
     audio: dict[str, Any] | None = None  # a previous assistant turn's audio reference
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=64)  # an assistant's calls
+    tool_call_id: str | None = Field(None, max_length=128)  # a tool message: what it answers
+
+
+class FunctionDef(Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = None  # a JSON schema (an object's)
+    strict: bool | None = None  # (a forced call is always held to the schema: constrained)
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class AudioOutput(Body):
@@ -106,6 +140,9 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = Field(None, max_length=1024)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input

@@ -20,7 +20,7 @@ from planner.spec import ModelSpec, resolve_model_dir
 from worker.models.stage_weights import torch_dtype
 
 SEED_FILE = "seeded_weights.json"
-BUILDER_VERSION = "4"  # bump when the way weights are built changes
+BUILDER_VERSION = "5"  # bump when the way checkpoints are built changes (weights, templates)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

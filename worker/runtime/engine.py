@@ -299,6 +299,7 @@ class PipelineEngine:
             {
                 "kind": str(request.kind),
                 "messages": request.messages,
+                "tools": request.tools,
                 "text": request.text,
                 "audio": request.audio,
                 "voice": request.voice,

@@ -36,7 +36,11 @@ class PreprocessExecutor(RequestPreprocessor):
     def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["kind"] != "chat" or req.get("audio") is not None:
             raise ValueError(f"model {self.ctx.spec.name} takes text chat only")
+        tools = {"tools": req["tools"]} if req.get("tools") else {}
         text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in req.get("messages", [])], tokenize=False, add_generation_prompt=True
+            [dict(m) for m in req.get("messages", [])],
+            tokenize=False,
+            add_generation_prompt=True,
+            **tools,
         )
         return {"input_ids": self.tokenizer.encode(text, add_special_tokens=False)}

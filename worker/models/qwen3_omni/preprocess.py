@@ -59,7 +59,7 @@ class OmniPreprocess(RequestPreprocessor):
         for part in media_parts(messages, "audio"):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
-        prepared = self.processor.prepare(messages).payload()
+        prepared = self.processor.prepare(messages, req.get("tools")).payload()
         n = len(prepared["input_ids"])
         if self.context_length is not None and n >= self.context_length:
             raise ValueError(

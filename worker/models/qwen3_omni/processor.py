@@ -65,15 +65,17 @@ class OmniProcessor:
             raise TypeError(f"Qwen3OmniMoeProcessor's video size is {video_size!r}, not a dict")
         self.video_size: dict[str, int] = video_size
 
-    def chat_text(self, messages: list[dict[str, Any]]) -> str:
-        return chat_text(self.tokenizer, messages, add_generation_prompt=True)
+    def chat_text(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+        options: dict[str, Any] = {"tools": tools} if tools else {}
+        return chat_text(self.tokenizer, messages, add_generation_prompt=True, **options)
 
-    def prepare(self, messages: list[dict[str, Any]]) -> Prepared:
+    def prepare(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> Prepared:
         """Messages whose content is a string or a list of parts: ``text``, ``audio`` (float32 at
-        16 kHz under ``audio``) and ``image`` (uint8 HxWx3 under ``image``)."""
+        16 kHz under ``audio``) and ``image`` (uint8 HxWx3 under ``image``); ``tools`` (OpenAI's
+        function definitions) go into the prompt through the chat template."""
         clips = [p["audio"] for p in media_parts(messages, "audio")]
         pictures = [p["image"] for p in media_parts(messages, "image")]
-        ids = self.tokenizer.encode(self.chat_text(messages), add_special_tokens=False)
+        ids = self.tokenizer.encode(self.chat_text(messages, tools), add_special_tokens=False)
         out = Prepared(input_ids=[])
         counts: dict[int, list[int]] = {}
         if clips:

@@ -34,17 +34,52 @@ SPECIAL_TOKENS = [  # ids 256.. in this order; the tiny configs name these ids
 ROLE_TOKENS = ["user", "assistant", "system"]  # 269, 270, 271
 
 # Qwen3-Omni's chat layout: audio, image and video parts become their placeholder spans, which
-# the processor expands to one token per encoder output.
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{%- if m['content'] is string %}{{ m['content'] }}"
-    "{%- else %}{%- for p in m['content'] %}"
-    "{%- if p['type'] == 'text' %}{{ p['text'] }}"
-    "{%- elif p['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
-    "{%- elif p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif p['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- endif %}{%- endfor %}{%- endif %}<|im_end|>\n"
-    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# the processor expands to one token per encoder output. With ``tools``, Qwen's function-calling
+# layout: a system turn that lists them in <tools> and says how to call them, an assistant's
+# calls as <tool_call> blocks, and tool results as <tool_response> blocks in a user turn.
+CHAT_TEMPLATE = "".join(
+    (
+        # a message's content: its text, its media parts' placeholder spans
+        r"{%- macro render(content) %}",
+        r"{%- if content is string %}{{ content }}",
+        r"{%- else %}{%- for p in content %}",
+        r"{%- if p['type'] == 'text' %}{{ p['text'] }}",
+        r"{%- elif p['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>",
+        r"{%- elif p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>",
+        r"{%- elif p['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>",
+        r"{%- endif %}{%- endfor %}{%- endif %}",
+        r"{%- endmacro %}",
+        # tools: a system turn (the client's system message first) listing them
+        r"{%- set ns = namespace(first=0) %}",
+        r"{%- if tools %}<|im_start|>system{{ '\n' }}",
+        r"{%- if messages[0]['role'] == 'system' %}{{ render(messages[0]['content']) }}",
+        r"{{ '\n\n' }}{%- set ns.first = 1 %}{%- endif %}",
+        r"{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}",
+        r"{{ 'You are provided with function signatures within <tools></tools> XML tags:\n' }}",
+        r"<tools>{%- for tool in tools %}{{ '\n' }}{{ tool | tojson }}{%- endfor %}",
+        r"{{ '\n</tools>\n\nFor each function call, return a json object with function name and ' }}",
+        r"{{ 'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}",
+        r"""{{ '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' }}""",
+        r"<|im_end|>{{ '\n' }}",
+        r"{%- endif %}",
+        r"{%- for m in messages[ns.first:] %}",
+        # tool results: consecutive ones in one user turn
+        r"{%- if m['role'] == 'tool' %}",
+        r"{%- if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user{%- endif %}",
+        r"{{ '\n<tool_response>\n' }}{{ render(m['content']) }}{{ '\n</tool_response>' }}",
+        r"{%- if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>{{ '\n' }}{%- endif %}",
+        r"{%- else %}<|im_start|>{{ m['role'] }}{{ render(m['content']) }}",
+        # an assistant's calls
+        r"{%- for call in m['tool_calls'] or [] %}",
+        r"""{{ '\n<tool_call>\n{"name": "' }}{{ call['function']['name'] }}""",
+        r"""{{ '", "arguments": ' }}""",
+        r"{%- if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}",
+        r"{%- else %}{{ call['function']['arguments'] | tojson }}{%- endif %}",
+        r"{{ '}\n</tool_call>' }}{%- endfor %}",
+        r"<|im_end|>{{ '\n' }}",
+        r"{%- endif %}",
+        r"{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}",
+    )
 )
 
 
