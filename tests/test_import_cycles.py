@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("router", "fleet", "planner")
+PACKAGES = ("router", "fleet", "planner", "worker")
 
 
 def module_name(path: Path) -> str:

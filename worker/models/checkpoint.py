@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.spec import ModelSpec, resolve_model_dir
+from planner.spec import ModelSpec, StageSpec, resolve_model_dir
 from worker.models.stage_weights import torch_dtype
 
 SEED_FILE = "seeded_weights.json"
@@ -106,3 +106,16 @@ def load_component(root: Path, config_dir: str, module: str, dtype: str, device:
     if module:
         model = model.get_submodule(module)
     return model.to(device).eval()
+
+
+def load_stage_model(name: str, stage: StageSpec, checkpoint: Path, device: str) -> Any:
+    """A stage's component through ``from_pretrained`` (real and seeded checkpoints alike)."""
+    comp = stage.component
+    if comp is None:
+        raise ValueError(f"stage {name}: executor {stage.executor} needs a component")
+    if stage.tp_size > 1:
+        raise ValueError(
+            f"stage {name}: tp_size {stage.tp_size} needs a tensor-parallel engine; "
+            "the transformers executor runs one device per stage (tp_size 1)"
+        )
+    return load_component(checkpoint, comp.config_dir, comp.module, stage.dtype, device)

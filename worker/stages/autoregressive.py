@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.models.checkpoint import load_stage_model
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -29,7 +30,6 @@ from worker.stages.base import (
     Output,
     RequestMeta,
     StageExecutor,
-    load_model,
 )
 from worker.stages.generation_config import stop_tokens
 from worker.stages.kvbatch import KVBatch
@@ -58,7 +58,8 @@ class AutoregressiveExecutor(StageExecutor):
         import torch
 
         self.torch = torch
-        self.model = load_model(self.ctx)
+        ctx = self.ctx
+        self.model = load_stage_model(ctx.name, ctx.stage, ctx.checkpoint, ctx.device)
         self.config = self.model.config
         self.embed = self.model.get_input_embeddings()
         stops = stop_tokens(self.ctx.component_dir(), getattr(self.config, "eos_token_id", None))

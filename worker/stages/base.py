@@ -39,7 +39,6 @@ __all__ = [
     "RequestPreprocessor",
     "StageContext",
     "StageExecutor",
-    "load_model",
 ]
 
 
@@ -142,21 +141,6 @@ class RequestPreprocessor(StageExecutor):
             return [(FINAL, rid, self.prepare(request))]
         except ValueError as exc:
             return [(INVALID, rid, str(exc))]
-
-
-def load_model(ctx: StageContext) -> Any:
-    """The stage's component through ``from_pretrained`` (real and seeded checkpoints alike)."""
-    from worker.models.checkpoint import load_component
-
-    comp = ctx.stage.component
-    if comp is None:
-        raise ValueError(f"stage {ctx.name}: executor {ctx.stage.executor} needs a component")
-    if ctx.stage.tp_size > 1:
-        raise ValueError(
-            f"stage {ctx.name}: tp_size {ctx.stage.tp_size} needs a tensor-parallel engine; "
-            "the transformers executor runs one device per stage (tp_size 1)"
-        )
-    return load_component(ctx.checkpoint, comp.config_dir, comp.module, ctx.stage.dtype, ctx.device)
 
 
 class BatchQueue:

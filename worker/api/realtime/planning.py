@@ -4,7 +4,9 @@ speech but not chat, e.g. Qwen3-TTS), the user's text since the last reply, spok
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import numpy as np
 
 from fleet.errors import OmniError
 from fleet.records import Endpoint, Modality
@@ -12,14 +14,24 @@ from worker.api.realtime import config as cfg
 from worker.api.realtime.conversation import Conversation, check_text, item_from_client
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.events import ResponseIn
+from worker.api.realtime.input_audio import InputAudioBuffer
 from worker.api.realtime.response import ResponsePlan
 from worker.api.speech import speech_generation
 from worker.api.voices import resolve_voice
 from worker.engine import GenerationRequest, RequestKind
 from worker.service import WorkerService
 
-if TYPE_CHECKING:
-    from worker.api.realtime.session import RealtimeSession
+
+class SessionState(Protocol):
+    """What a response's plan reads of its session (``RealtimeSession``)."""
+
+    service: WorkerService
+    config: cfg.SessionConfig
+    model: str
+    voice_audio: np.ndarray | None
+    max_text_bytes: int
+    buffer: InputAudioBuffer
+    conversation: Conversation
 
 
 def speaks_only(service: WorkerService) -> bool:
@@ -40,7 +52,7 @@ def _unspoken_text(items: list[dict]) -> str:
     return " ".join(t for t in reversed(said) if t.strip()).strip()
 
 
-async def plan_response(session: RealtimeSession, given: ResponseIn) -> ResponsePlan:
+async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePlan:
     service, c = session.service, session.config
     modalities = cfg.modalities(given.output_modalities or given.modalities) or c.output_modalities
     if "audio" in modalities and Modality.AUDIO not in service.capabilities.output_modalities:
