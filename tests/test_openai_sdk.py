@@ -260,24 +260,24 @@ def test_forced_tool_calls_parse_and_fit_their_schema(sdk: openai.OpenAI) -> Non
     ask = [{"role": "user", "content": "Weather in Oslo for 3 days?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
     out = sdk.chat.completions.create(
-        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
+        model=MODEL, messages=ask, max_tokens=128, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
         tool_choice=named,  # type: ignore[arg-type]
     )  # fmt: skip
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    (call,) = choice.message.tool_calls or []
+    (call,) = choice.message.tool_calls or []  # (a byte-level tokenizer: a token a character)
     args = json.loads(call.function.arguments)  # type: ignore[union-attr]
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     assert args["city"] in ("Oslo", "Paris") and 1 <= args["days"] <= 7 and len(args) == 2
     required = sdk.chat.completions.create(
-        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
+        model=MODEL, messages=ask, max_tokens=128, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
         tool_choice="required", temperature=1.0, seed=3,
     )  # fmt: skip
     (other,) = required.choices[0].message.tool_calls or []
     assert other.function.name in ("get_weather", "get_time")  # type: ignore[union-attr]
     json.loads(other.function.arguments)  # type: ignore[union-attr]
     stream = sdk.chat.completions.create(
-        model=MODEL, messages=ask, max_tokens=48, tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        model=MODEL, messages=ask, max_tokens=128, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[list-item]
         tool_choice=named, stream=True,  # type: ignore[arg-type]
     )  # fmt: skip
     deltas = [c.choices[0] for c in stream if c.choices]
@@ -291,7 +291,7 @@ def test_forced_tool_calls_parse_and_fit_their_schema(sdk: openai.OpenAI) -> Non
         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'},
     ]
     after = sdk.chat.completions.create(
-        model=MODEL, messages=history, max_tokens=4, tools=[WEATHER_TOOL],  # type: ignore[arg-type, list-item]
+        model=MODEL, messages=history, max_tokens=4, tools=[WEATHER_TOOL, CLOCK_TOOL],  # type: ignore[arg-type, list-item]
         tool_choice="none",
     )  # fmt: skip
     assert after.choices[0].finish_reason in ("stop", "length")
