@@ -304,7 +304,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-def _tool_deltas(index: int, text: str, found: list[dict], calls: Calls) -> list[dict]:
+def _tool_deltas(text: str, found: list[dict], calls: Calls) -> list[dict]:
     """The deltas of a choice's text and completed tool calls (each call whole, with its index
     among the choice's calls)."""
     out: list[dict] = [{"content": text}] if text else []
@@ -408,7 +408,7 @@ async def _stream(
                         yield chunk(i, {"content": event.text}, None, event.logprobs)
                         continue
                     sent, found = c.feed(event.text)
-                    for out in _tool_deltas(i, sent, found, c):
+                    for out in _tool_deltas(sent, found, c):
                         yield chunk(i, out)
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
@@ -423,7 +423,7 @@ async def _stream(
         for i, f in enumerate(finished):
             c = calls[i]
             if c is not None:
-                for out in _tool_deltas(i, *c.finish(), c):
+                for out in _tool_deltas(*c.finish(), c):
                     yield chunk(i, out)
             yield chunk(i, {}, f.finish_reason if c is None else c.finish_reason(f.finish_reason))
         if body.stream_options is not None and body.stream_options.include_usage:

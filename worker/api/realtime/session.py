@@ -153,7 +153,10 @@ class RealtimeSession:
             log.warning("conversation %s: pending response dropped: %s", self.stored_name, exc)
             return
         log.info("realtime session %s: re-running response %s", self.session_id, pending["id"])
-        await self._start_response(given, pending["id"], pending["item_id"])
+        try:
+            await self._start_response(given, pending["id"], pending["item_id"])
+        except RealtimeError as exc:  # (a voice deleted since, say): the client is told
+            await self.send_error(exc)
 
     async def stop_response(self) -> None:
         """Stop the response and transcriptions in flight, if any: their stages abort."""
