@@ -61,6 +61,7 @@ _METHODS = {
 _WORKER_LOST_REASON = "worker connection lost; reconnect with the same session id to resume"
 Conn = TypeVar("Conn")
 AdminRoutes = Callable[[ClientConnection, Request, bytes], None]
+GiveUp = Callable[[ClientConnection, OmniError], None]  # answers a request no worker took
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -311,31 +312,42 @@ class RequestPath:
         worker: WorkerState,
         d: Dispatch,
         open_conn: Callable[[WorkerState, float], Awaitable[Conn]],
+        give_up: GiveUp | None = None,
     ) -> tuple[WorkerState, Conn] | None:
         """A connection for ``d`` from ``open_conn``: to ``worker``, or after a failure to
         connect (nothing of the request was sent) to the next worker, within the request's
-        deadline and ``max_attempts``. None once the client has its answer (or is gone). The
-        one connect-with-retry of requests and WebSocket upgrades."""
+        deadline and ``max_attempts``. None once the client has its answer (``give_up``: by
+        default an error response) or is gone. The one connect-with-retry of requests,
+        WebSocket upgrades and stream replays."""
         s = self.settings
         if not d.deadline:
             d.deadline = time.monotonic() + s.request_deadline_s
+        answer = give_up or self._refuse
         while True:
             timeout = min(s.connect_timeout_s, max(0.001, d.deadline - time.monotonic()))
             try:
                 return worker, await open_conn(worker, timeout)
             except (OSError, TimeoutError) as exc:
-                nxt = await self._after_connect_failure(client, worker, d, exc)
+                nxt = await self._after_connect_failure(client, worker, d, exc, answer)
                 if nxt is None:
                     return None
                 worker = nxt
 
+    def _refuse(self, client: ClientConnection, err: OmniError) -> None:
+        self.fail(client, err, retry_after=True)
+
     async def _after_connect_failure(
-        self, client: ClientConnection, worker: WorkerState, d: Dispatch, exc: BaseException
+        self,
+        client: ClientConnection,
+        worker: WorkerState,
+        d: Dispatch,
+        exc: BaseException,
+        give_up: GiveUp,
     ) -> WorkerState | None:
         """Connecting to ``worker`` failed, so nothing of the request was sent: the next worker
         to try, after a jittered backoff; None once the client has its answer (or is gone)."""
         if is_exhaustion(exc):  # the router's own fault: no worker is to blame
-            self._exhausted(client, exc)
+            self._exhausted(client, exc, give_up)
             return None
         s = self.settings
         self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
@@ -346,9 +358,7 @@ class RequestPath:
         if nxt is None or d.attempt >= s.max_attempts or time.monotonic() + backoff >= d.deadline:
             self.in_flight -= 1
             message = f"could not connect to a worker ({d.attempt} tried)"
-            self.fail(
-                client, OmniError(503, ErrorCode.WORKER_UNAVAILABLE, message), retry_after=True
-            )
+            give_up(client, OmniError(503, ErrorCode.WORKER_UNAVAILABLE, message))
             return None
         self.metrics.policy["retried"] += 1
         await asyncio.sleep(backoff)
@@ -357,19 +367,16 @@ class RequestPath:
             return None
         return nxt
 
-    def _exhausted(self, client: ClientConnection, exc: BaseException) -> None:
+    def _exhausted(self, client: ClientConnection, exc: BaseException, give_up: GiveUp) -> None:
         """The router could not open a worker connection for want of its own resources."""
         self.in_flight -= 1
         self.metrics.resource_errors += 1
         log.warning("router out of resources, request refused: %s", exc)
-        self.fail(
+        give_up(
             client,
             OmniError(
-                503,
-                ErrorCode.ROUTER_EXHAUSTED,
-                "the router is out of connections; retry shortly",
+                503, ErrorCode.ROUTER_EXHAUSTED, "the router is out of connections; retry shortly"
             ),
-            retry_after=True,
         )
 
     def _retry_target(self, d: Dispatch) -> WorkerState | None:
@@ -482,25 +489,14 @@ class RequestPath:
         the terminal error, as before."""
         d = client.dispatch
         worker = client.worker
-        s = self.settings
+        outcome = self._not_resumable(client, conn)
         nxt = None
-        if conn.diverged:
-            outcome = FailoverOutcome.DIVERGED
-        elif d is None or d.c.endpoint not in _RESENDABLE:
-            outcome = FailoverOutcome.NOT_REPLAYABLE
-        elif d.failovers >= s.max_stream_failovers:
-            outcome = FailoverOutcome.LIMIT
-        elif time.monotonic() - client.started > s.stream_failover_max_age_s:
-            outcome = FailoverOutcome.TOO_OLD
-        elif not (d.retryable or client.rewind_upload()):  # a transcription's upload, kept
-            outcome = FailoverOutcome.NOT_REPLAYABLE
-        else:
+        if outcome is None and d is not None:
             if worker is not None:
                 d.tried.add(worker.id)
             nxt = self._retry_target(d)
-            outcome = FailoverOutcome.NO_WORKER
         if nxt is None or d is None:
-            self.metrics.failover(client.route, outcome)
+            self.metrics.failover(client.route, outcome or FailoverOutcome.NO_WORKER)
             return False
         # the broken worker's part is over (as exchange_done ends an interrupted stream)
         self.active.discard(client)
@@ -513,51 +509,59 @@ class RequestPath:
                 "stream from worker %s broke (%s): resuming on %s", worker.id, reason, nxt.id
             )
             self._transport_failure(worker, reason)
+            if d.c.session_key is not None:  # the session follows its stream
+                self.spawn(self.affinity.follow(d.c.session_key, worker.id, nxt.id))
         d.failovers += 1
-        key = d.c.session_key
-        if key is not None and worker is not None:  # the session follows its stream
-            self.spawn(self.affinity.follow(key, worker.id, nxt.id))
-        tail = conn.last_piece if conn.sent else b""
-        self.spawn(self._fail_over(client, nxt, d, conn.sent, tail, conn.sse))
+        self.spawn(self._fail_over(client, nxt, d, conn))
         return True
 
+    def _not_resumable(self, client: ClientConnection, conn: Upstream) -> FailoverOutcome | None:
+        """Why the broken stream on ``conn`` cannot go on elsewhere (None: it can)."""
+        d = client.dispatch
+        s = self.settings
+        if conn.diverged:
+            return FailoverOutcome.DIVERGED
+        if d is None or d.c.endpoint not in _RESENDABLE:
+            return FailoverOutcome.NOT_REPLAYABLE
+        if d.failovers >= s.max_stream_failovers:
+            return FailoverOutcome.LIMIT
+        if time.monotonic() - client.started > s.stream_failover_max_age_s:
+            return FailoverOutcome.TOO_OLD
+        if not (d.retryable or client.rewind_upload()):  # a transcription's upload, kept
+            return FailoverOutcome.NOT_REPLAYABLE
+        return None
+
     async def _fail_over(
-        self,
-        client: ClientConnection,
-        worker: WorkerState | None,
-        d: Dispatch,
-        sent: int,
-        tail: bytes,
-        sse: bool,
+        self, client: ClientConnection, worker: WorkerState, d: Dispatch, broken: Upstream
     ) -> None:
         """Send ``d`` again, to ``worker`` or after a failure to connect to the next one; the
-        new connection's relay resumes the client's stream where it was."""
-        timeout = self.settings.connect_timeout_s
-        while worker is not None:
-            pool = worker.pool
-            assert pool is not None
-            try:
-                conn = await pool.connect(lambda p: Resumed(p, sent, tail, sse), timeout)
-            except (OSError, TimeoutError) as exc:
-                if is_exhaustion(exc):
-                    break
-                self._transport_failure(worker, f"connect: {type(exc).__name__}: {exc}")
-                d.tried.add(worker.id)
-                worker = None if client.closed else self._retry_target(d)
-                continue
-            if client.closed:  # the client went away while the replay was on its way
-                conn.close()
-                self.exchange_aborted(client)
-            else:
-                self._attach(client, worker, conn, d)
+        new connection's relay resumes the client's stream where ``broken`` left it."""
+        sent, sse = broken.sent, broken.sse
+        tail = broken.last_piece if sent else b""
+
+        async def open_replay(w: WorkerState, timeout: float) -> Resumed:
+            assert w.pool is not None
+            conn = await w.pool.connect(lambda p: Resumed(p, sent, tail, sse), timeout)
+            return conn  # type: ignore[return-value]
+
+        def end(client: ClientConnection, err: OmniError) -> None:
+            self.metrics.failover(client.route, FailoverOutcome.NO_WORKER)
+            self.metrics.error(client.route, ErrorCode.STREAM_INTERRUPTED)
+            if not client.closed:
+                end_stream(client.transport, sse, tail or b"\n\n", err.message)
+            self.metrics.request(client.route, 200, time.monotonic() - client.started)
+            client.finish()
+
+        d.deadline, d.attempt = 0.0, 0  # a fresh connect budget for the replay
+        connected = await self._connect(client, worker, d, open_replay, end)
+        if connected is None:
             return
-        self.metrics.failover(client.route, FailoverOutcome.NO_WORKER)
-        self.metrics.error(client.route, ErrorCode.STREAM_INTERRUPTED)
-        self.in_flight -= 1
-        if not client.closed:
-            end_stream(client.transport, sse, tail or b"\n\n", "no worker could resume the stream")
-        self.metrics.request(client.route, 200, time.monotonic() - client.started)
-        client.finish()
+        worker, conn = connected
+        if client.closed:  # the client went away while the replay was on its way
+            conn.close()
+            self.exchange_aborted(client)
+        else:
+            self._attach(client, worker, conn, d)
 
     def stream_resumed(self, client: ClientConnection, conn: Resumed) -> None:
         """A replay caught up with what the client had: the stream goes on."""

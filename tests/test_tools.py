@@ -180,3 +180,15 @@ def test_the_tiny_template_lays_out_tools_and_their_turns(tmp_path) -> None:
         '{"city": "Oslo"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
     ) in text
+
+
+def test_a_strict_functions_call_that_does_not_fit_stays_text() -> None:
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    u = ToolUse([strict], "auto")
+    bad = OPEN + '{"name": "get_weather", "arguments": {"city": "Rome"}}' + CLOSE
+    good = OPEN + '{"name": "get_weather", "arguments": {"city": "Paris"}}' + CLOSE
+    assert whole(bad, u) == (bad, [], "stop")
+    text, calls, reason = whole(good, u)
+    assert text == "" and reason == "tool_calls" and len(calls) == 1
+    # not strict: the call is the model's, fitting or not
+    assert len(whole(bad, use())[1]) == 1

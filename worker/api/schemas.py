@@ -85,7 +85,9 @@ class FunctionDef(Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = Field(None, max_length=8192)
     parameters: dict[str, Any] | None = None  # a JSON schema (an object's)
-    strict: bool | None = None  # (a forced call is always held to the schema: constrained)
+    # a forced call is always held to the schema (constrained); with auto, a strict function's
+    # call that does not fit stays text (worker.api.tools)
+    strict: bool | None = None
 
 
 class Tool(Body):

@@ -9,7 +9,9 @@ Then, by ``tool_choice``:
 - ``auto`` (the default with tools): the model writes freely; every ``<tool_call>`` block of
   its reply that holds a call to a listed function is taken out of the text into
   ``tool_calls`` (``finish_reason: "tool_calls"``); a block that is not one stays text, as
-  vLLM's Hermes parser does. ``parallel_tool_calls: false`` ends the reply at its first call.
+  vLLM's Hermes parser does, and so does a call of a ``strict`` function whose arguments do
+  not fit its ``parameters`` (checked with ``jsonschema``: strict calls always fit).
+  ``parallel_tool_calls: false`` ends the reply at its first call.
 - ``required``, or a named function: the reply is held by constrained decoding (xgrammar) to one
   call whose ``name`` is a listed function (the named one) and whose ``arguments`` fit that
   function's ``parameters`` schema; it is returned as ``tool_calls`` only.
@@ -28,7 +30,7 @@ from typing import Any
 import orjson
 
 from fleet.errors import ErrorCode, OmniError
-from worker.api.schemas import ChatRequest
+from worker.api.schemas import ChatRequest, Message
 from worker.stages.grammar import Grammar, check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -55,6 +57,15 @@ class ToolUse:
     @property
     def names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
+
+    def fits(self, name: str, arguments: Any) -> bool:
+        """A ``strict`` function's call must fit its parameters; any other call does."""
+        function = next(t["function"] for t in self.tools if t["function"]["name"] == name)
+        if not function.get("strict") or not function.get("parameters"):
+            return True
+        import jsonschema
+
+        return jsonschema.Draft202012Validator(function["parameters"]).is_valid(arguments)
 
     def stops(self) -> tuple[str, ...]:
         """``parallel_tool_calls: false`` with ``auto``: the reply ends at its first call."""
@@ -124,7 +135,7 @@ def tool_use(body: ChatRequest, grammars_available: bool) -> ToolUse | None:
     return use
 
 
-def history(message: Any) -> dict:
+def history(message: Message) -> dict:
     """A ``tool`` message, or an assistant message with ``tool_calls``, as the template takes
     it (arguments as the JSON text the client sent)."""
     out: dict = {"role": message.role, "content": message.content or ""}
@@ -200,7 +211,9 @@ class Calls:
         if not isinstance(doc, dict) or doc.get("name") not in self.use.names:
             return None
         arguments = doc.get("arguments", {})
-        if not isinstance(arguments, dict) and not forced:
+        if not forced and (
+            not isinstance(arguments, dict) or not self.use.fits(doc["name"], arguments)
+        ):
             return None
         index = len(self.calls)
         call = {
