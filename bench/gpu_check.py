@@ -72,6 +72,9 @@ def main() -> None:
             from worker.stages.base import RequestMeta
 
             _drive(executors, None, args.prompt_tokens, args.new_tokens, RequestMeta)
+            for concurrency in (1, 32):
+                _thinker_at(executors["thinker"], concurrency, args.prompt_tokens,
+                            args.new_tokens, RequestMeta)  # fmt: skip
         elif name == "tts":
             _drive_tts(executors, args.new_tokens)
         else:
@@ -103,6 +106,12 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
         for pp in node.processes
         for sp in pp.stages
     }
+    kv_tokens = {  # the KV pools the plan sizes (SGLang's pool under the thinker takes it)
+        sp.stage: sp.kv_tokens
+        for node in (plan.nodes if plan else [])
+        for pp in node.processes
+        for sp in pp.stages
+    }
     cache = Path.home() / ".cache" / "omni-fleet"
     checkpoint = resolve_checkpoint(spec, spec_path, cache)
     if real and name in TINY_FOR:
@@ -121,6 +130,7 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
             checkpoint=checkpoint,
             device=device if stage.device != "cpu" else "cpu",
             max_running_requests=stage.engine.max_running_requests,
+            kv_tokens=kv_tokens.get(stage_name, 0),
             # Omni draws random weights at tiny size too (the seeded tiny talker can end before
             # its first audio); TTS and ASR run their tiny checkpoints as served
             extra={"random_weights": real or name == "omni"},
@@ -239,6 +249,38 @@ def _drive_asr(asr, seconds: float) -> None:
           f"{info.get('completion_tokens', 0)} generated")  # fmt: skip
     print(f"audio                {seconds:8.2f} s in {total:.2f} s "
           f"(real-time factor {total / seconds:.3f})")  # fmt: skip
+
+
+def _prompt_ids(thinker, prompt_tokens: int, salt: int = 0) -> list[int]:
+    cfg = json.loads((thinker.ctx.checkpoint / "config.json").read_text())
+    big = cfg["thinker_config"]["text_config"]["vocab_size"] > 2000
+    text = [(1000 if big else 10) + (i * 7 + salt) % (1000 if big else 90)
+            for i in range(prompt_tokens)]  # fmt: skip
+    ids = [cfg["im_start_token_id"], cfg["user_token_id"], salt + 11, *text]
+    return [*ids, cfg["im_end_token_id"], cfg["im_start_token_id"], cfg["assistant_token_id"]]
+
+
+def _thinker_at(thinker, concurrency: int, prompt_tokens: int, new_tokens: int, meta_cls) -> None:
+    """The thinker alone (text out) with ``concurrency`` requests at once, each its own prompt
+    (no shared prefix): time to first token (median) and tokens/s."""
+    meta = meta_cls("chat", frozenset({"text"}), max_tokens=new_tokens)
+    t0 = time.perf_counter()
+    for i in range(concurrency):
+        ids = _prompt_ids(thinker, prompt_tokens, salt=i + 1)
+        thinker.start(f"c{i}", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    first: dict[str, float] = {}
+    left, tokens = concurrency, 0
+    while left:
+        for kind, rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
+            if kind == "chunk" and payload["tokens"]:
+                first.setdefault(rid, time.perf_counter() - t0)
+                tokens += len(payload["tokens"])
+            elif kind == "done":
+                left -= 1
+    wall = time.perf_counter() - t0
+    ttft = sorted(first.values())[len(first) // 2] if first else float("nan")
+    print(f"thinker c={concurrency:<3} time to first token {ttft * 1000:8.1f} ms (median), "
+          f"{tokens / wall:8.1f} tokens/s")  # fmt: skip
 
 
 def _drive(executors, spec, prompt_tokens: int, new_tokens: int, meta_cls) -> None:

@@ -42,7 +42,7 @@ class Executor(StrEnum):
 
 class Backend(StrEnum):
     TRANSFORMERS = "transformers"
-    SGLANG = "sglang"  # GPU only; the seam for a later executor
+    SGLANG = "sglang"  # SGLang's scheduler (worker/engines/sglang); CPU via its OOT platform
 
 
 class Strict(BaseModel):
@@ -67,8 +67,9 @@ class EngineSettings(Strict):
     prefill_chunk_tokens: int = Field(
         2048,
         ge=1,
-        description="prompt tokens admitted per step while others decode (whole prompts: a "
-        "longer one is prefilled alone, not in chunks); sizes the activation estimate",
+        description="prompt tokens prefilled per step beside the running decodes (backend "
+        "sglang: a longer prompt goes in chunks of this size; transformers: whole prompts, a "
+        "longer one waits until nothing runs); sizes the activation estimate",
     )
 
 

@@ -23,3 +23,8 @@ python3 -m pip install -q -e ".[dev]"
 # response_format (constrained decoding, worker/stages/grammar.py): xgrammar, SGLang's grammar
 # backend, without the triton it pulls for GPU kernels (its CPU path needs none)
 python3 -m pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
+# engine.backend: sglang (worker/engines/sglang): SGLang without the CUDA torch it pins, and
+# the torchvision its imports need, kept out of site-packages (patches.py says why)
+python3 -m pip install -q --no-deps -r scripts/sglang-cpu.txt
+extras=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/omni_sglang_extras
+[[ -d $extras/torchvision ]] || python3 -m pip install -q --no-deps --target "$extras" "torchvision==0.28.0"

@@ -340,3 +340,29 @@ def test_n_choices_whole_and_streamed(sdk: openai.OpenAI) -> None:
         with pytest.raises(openai.BadRequestError) as err:
             sdk.chat.completions.create(**{**kw, **bad})  # type: ignore[call-overload]
         assert err.value.param == "n"
+
+
+def test_a_conversation_reuses_its_cached_prefix(sdk: openai.OpenAI) -> None:
+    """The second turn of a conversation on the same worker (one session) computes only what is
+    new: ``usage.prompt_tokens_details.cached_tokens`` covers the first turn's prompt, whole
+    and in streamed usage (SGLang's radix cache under the thinker)."""
+    system = {"role": "system", "content": "You answer briefly and exactly. " * 12}
+    turn = [system, {"role": "user", "content": "What is an omni model?"}]
+    kw = dict(model=MODEL, max_tokens=6, extra_headers={"x-session-id": "sdk-prefix"})
+    first = sdk.chat.completions.create(messages=turn, **kw)  # type: ignore[call-overload]
+    reply = {"role": "assistant", "content": first.choices[0].message.content}
+    follow = [*turn, reply, {"role": "user", "content": "And a talker?"}]
+    second = sdk.chat.completions.create(messages=follow, **kw)  # type: ignore[call-overload]
+    assert first.usage is not None and second.usage is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # (all of the first turn's prompt but where the template writes the reply's start anew)
+    assert first.usage.prompt_tokens - 2 <= cached < second.usage.prompt_tokens, (
+        first.usage, second.usage,
+    )  # fmt: skip
+    chunks = list(sdk.chat.completions.create(  # type: ignore[call-overload]
+        messages=follow, stream=True, stream_options={"include_usage": True}, **kw
+    ))  # fmt: skip
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens == second.usage.prompt_tokens
+    # all of it this time but the last token, whose logits start the reply
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,14 +150,19 @@ def test_kv_per_rank_splits_kv_heads_and_replicates_when_fewer_than_ranks() -> N
 
 
 def test_transformers_alone_misreads_qwen3_asr_and_the_planner_does_not() -> None:
-    """The pitfall is real in this transformers version; the explicit mapping avoids it."""
-    import torch
-    from transformers import AutoConfig, Qwen3ASRForConditionalGeneration
-
-    raw = json.loads(cfg("Qwen--Qwen3-ASR-0.6B").read_text())
-    with torch.device("meta"):
-        naive = Qwen3ASRForConditionalGeneration(AutoConfig.for_model(**raw))
-    assert sum(p.numel() for p in naive.parameters()) == 2_039_626_880
+    """The pitfall is real in this transformers version; the explicit mapping avoids it.
+    (transformers alone: in a fresh interpreter, as SGLang, imported by other tests in this
+    process, registers configs of its own with transformers.)"""
+    naive = f"""
+import json, torch
+from transformers import AutoConfig, Qwen3ASRForConditionalGeneration
+raw = json.load(open({str(cfg("Qwen--Qwen3-ASR-0.6B"))!r}))
+with torch.device("meta"):
+    model = Qwen3ASRForConditionalGeneration(AutoConfig.for_model(**raw))
+print(sum(p.numel() for p in model.parameters()))
+"""
+    out = subprocess.run([sys.executable, "-c", naive], capture_output=True, text=True)
+    assert out.stdout.split()[-1:] == ["2039626880"], out.stderr[-2000:]
     assert meta_model(cfg("Qwen--Qwen3-ASR-0.6B")).builder == "explicit:qwen3_asr"
 
 

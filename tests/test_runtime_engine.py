@@ -7,6 +7,7 @@ restarts a process group.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -314,7 +315,10 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
             mixed, alone, apart = [await collect(e, req) for e in (engine, one, split)]
             assert text_of(mixed) and text_of(mixed) == text_of(alone) == text_of(apart)
             assert audio_of(mixed) == audio_of(alone) == audio_of(apart)
-            assert mixed[-1] == alone[-1] == apart[-1]  # finish reason and token counts
+            # finish reason and token counts (what the prefix cache served differs: the first
+            # engine has served these prompts before)
+            ends = [dataclasses.replace(e[-1], cached_tokens=0) for e in (mixed, alone, apart)]
+            assert ends[0] == ends[1] == ends[2]
         assert audio_of(mixed)
         # the one-process coordinator saw the request go in and the client output come out
         assert {w for _, _, w in one.trace["layout-speech"]} == {"<-input", "out", "done"}
@@ -366,8 +370,9 @@ async def test_killed_stage_process_fails_requests_and_recovers(engine: Pipeline
     ("engine_settings", "error"),
     [
         ({}, "NoSuchModelForCausalLM"),
-        # no SGLang executor exists yet: a spec asking for one is refused when the worker starts
-        ({"backend": "sglang"}, "stage llm: engine.backend 'sglang' is not implemented yet"),
+        # SGLang serves the Qwen3-Omni thinker; a plain model asking for it is refused when the
+        # worker starts
+        ({"backend": "sglang"}, "stage llm: engine.backend 'sglang' serves the Qwen3-Omni"),
     ],
 )
 async def test_a_stage_that_cannot_load_fails_start_with_its_error(

@@ -73,6 +73,7 @@ class Finished:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
 
 Event = TextDelta | AudioChunk | Finished

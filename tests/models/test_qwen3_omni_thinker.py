@@ -1,8 +1,9 @@
-"""The Qwen3-Omni thinker in this process on the tiny checkpoint: it admits requests within the
+"""The Qwen3-Omni thinker in this process on the tiny checkpoint, on both engines (SGLang's
+scheduler, what tiny-omni runs, and the project's torch engine): it admits requests within the
 plan's KV pool (``kv_tokens``: a request that does not fit waits until a running one leaves;
 one that could never fit is refused with the context-length error; the shipped specs'
 32,768-token context lets one long video in, the pool of 65,536 tokens bounds what runs at
-once), and honours ``logit_bias`` and ``logprobs``."""
+once), and honours ``logit_bias``, ``logprobs`` and ``response_format``."""
 
 from __future__ import annotations
 
@@ -13,51 +14,57 @@ import yaml
 
 from planner.spec import ModelSpec
 from worker.models.checkpoint import resolve_checkpoint
-from worker.stages.base import CHUNK, INVALID, RequestMeta, StageContext
+from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta, StageContext
 from worker.stages.registry import make_executor
 from worker.stages.sampling import Sampling
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
 
 
-@pytest.fixture(scope="module")
-def thinker(tmp_path_factory: pytest.TempPathFactory):
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+@pytest.fixture(scope="module", params=["sglang", "transformers"])
+def thinker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["stages"]["thinker"]["engine"]["backend"] = request.param
+    raw["stages"]["thinker"]["engine"]["prefill_chunk_tokens"] = 64
+    spec = ModelSpec.model_validate(raw)
     ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("omni"), log=lambda _m: None)
-    ctx = StageContext("thinker", spec, spec.stages["thinker"], ck, "cpu", 8, kv_tokens=50)
+    ctx = StageContext("thinker", spec, spec.stages["thinker"], ck, "cpu", 8, kv_tokens=400)
     ex = make_executor(ctx)
     ex.load()
     return ex
 
 
-def prompt(n: int) -> dict:
-    return {"preprocessing": {"input_ids": list(range(10, 10 + n)), "audio_lens": []}}
+def drain(thinker) -> list[tuple]:
+    """Every output until the thinker is idle."""
+    outs: list[tuple] = []
+    while thinker.next_deadline() is not None:
+        outs += thinker.step()
+    return outs
+
+
+def prompt(n: int, first: int = 10) -> dict:
+    """``n`` text tokens counting up from ``first`` (within the tiny vocabulary's bytes)."""
+    ids = [32 + (first + i) % 200 for i in range(n)]
+    return {"preprocessing": {"input_ids": ids, "audio_lens": []}}
 
 
 def test_requests_wait_for_room_in_the_kv_pool(thinker) -> None:
     meta = RequestMeta("chat", frozenset({"text"}), max_tokens=4)
-    thinker.start("a", meta, prompt(30))
-    thinker.start("b", meta, prompt(30))
-    thinker.step()
-    assert set(thinker.running) == {"a"} and [r.rid for r in thinker.pending] == ["b"]
-    while "a" in thinker.running:
-        thinker.step()
-    thinker.step()
-    assert "b" in thinker.running or not thinker.pending  # admitted once a left
-    while thinker.running or thinker.pending:
-        thinker.step()
-    thinker.start("huge", meta, prompt(55))
-    outs = thinker.step()
+    thinker.start("a", meta, prompt(210))
+    thinker.start("b", meta, prompt(210, first=110))  # (no prefix shared with a's)
+    order = [(kind, rid) for kind, rid, _ in drain(thinker) if kind in (CHUNK, DONE)]
+    # b's first token comes after a is done: both rows (210 + 4 tokens each) exceed the pool
+    assert order.index((CHUNK, "b")) > order.index((DONE, "a"))
+    assert (DONE, "b") in order
+    thinker.start("huge", meta, prompt(410))
+    outs = drain(thinker)
     assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "huge")]
     assert "exceeds the context length" in outs[0][2]
 
 
 def run(thinker, rid: str, meta: RequestMeta) -> list[dict]:
     thinker.start(rid, meta, prompt(8))
-    chunks = []
-    while thinker.running or thinker.pending:
-        chunks += [data for kind, r, data in thinker.step() if kind == CHUNK and r == rid]
-    return chunks
+    return [data for kind, r, data in drain(thinker) if kind == CHUNK and r == rid]
 
 
 def test_logit_bias_and_logprobs(thinker) -> None:
@@ -107,3 +114,72 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
     meta = RequestMeta("chat", frozenset({"text"}), 24, grammar=Grammar("json"))
     text = tok.decode([t for c in run(thinker, "o", meta) for t in c["tokens"]])
     assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)
+
+
+def sglang_only(thinker) -> None:
+    if thinker.ctx.stage.engine.backend != "sglang":
+        pytest.skip("SGLang's scheduler only (the torch engine has no prefix cache or chunks)")
+
+
+def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
+    """The radix cache: a prompt that starts as an earlier one did computes only what is new,
+    and says how much it reused (decode and usage get ``cached_tokens``); a prompt a talker
+    needs is computed whole (its hidden states go to the talker)."""
+    sglang_only(thinker)
+    meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
+    first = prompt(60, first=60)
+    thinker.start("p1", meta, first)
+    thinker.start("p0", meta, prompt(20, first=160))  # (unrelated)
+    drain(thinker)
+    ids = [*first["preprocessing"]["input_ids"][:50], 5, 6, 7]
+    thinker.start("p2", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    outs = drain(thinker)
+    head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p2")
+    done = next(d for kind, rid, d in outs if kind == DONE and rid == "p2")
+    assert head["cached_tokens"] == done["cached_tokens"] == 50
+    assert done["prompt_tokens"] == 53
+    spoken = RequestMeta("chat", frozenset({"text", "audio"}), max_tokens=2,
+                         stream_targets=("decode", "talker"))  # fmt: skip
+    thinker.start("p3", spoken, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    outs = drain(thinker)
+    head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p3")
+    assert head["cached_tokens"] == 0
+    assert head["prompt_hidden"].shape[0] == head["prompt_embed"].shape[0] == 53
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(thinker) -> None:
+    """Chunked prefill mixed with decode: while a 300-token prompt is prefilled 64 tokens a
+    step, the running request still gets a token every step."""
+    sglang_only(thinker)
+    thinker.start("run", RequestMeta("chat", frozenset({"text"}), max_tokens=40),
+                  prompt(8, first=185))  # fmt: skip
+    while not any(kind == CHUNK for kind, _, _ in thinker.step()):
+        pass
+    thinker.start("long", RequestMeta("chat", frozenset({"text"}), max_tokens=2),
+                  prompt(300, first=35))  # fmt: skip
+    steps = 0
+    while True:
+        outs = thinker.step()
+        steps += 1
+        assert any(kind == CHUNK and rid == "run" for kind, rid, _ in outs), steps
+        if any(kind == CHUNK and rid == "long" for kind, rid, _ in outs):
+            break
+    assert steps >= 300 // 64  # (the prompt went in chunks)
+    drain(thinker)
+
+
+def test_seeded_draws_do_not_depend_on_the_batch(thinker) -> None:
+    """A seeded request draws the same tokens alone and beside others that change how SGLang
+    samples a batch (a greedy one, a top-k one; and a long prompt's chunks mixed in)."""
+    sampled = RequestMeta("chat", frozenset({"text"}), 24,
+                          sampling=Sampling(temperature=1.0, seed=21))  # fmt: skip
+    alone = [t for c in run(thinker, "s1", sampled) for t in c["tokens"]]
+    thinker.start("g", RequestMeta("chat", frozenset({"text"}), 24), prompt(12, first=140))
+    thinker.start("k", RequestMeta("chat", frozenset({"text"}), 24,
+                                   sampling=Sampling(temperature=1.0, top_k=5, seed=2)),
+                  prompt(9, first=125))  # fmt: skip
+    thinker.start("s2", sampled, prompt(8))
+    thinker.start("long", RequestMeta("chat", frozenset({"text"}), 2), prompt(200, first=95))
+    beside = [t for kind, rid, d in drain(thinker) if kind == CHUNK and rid == "s2"
+              for t in d["tokens"]]  # fmt: skip
+    assert beside == alone and len(set(alone)) > 3

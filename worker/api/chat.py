@@ -361,6 +361,7 @@ def _usage(finished: list[Finished]) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": finished[0].cached_tokens},
     }
 
 

@@ -338,6 +338,7 @@ class PipelineEngine:
                 finish_reason=info.get("finish_reason", "stop"),
                 prompt_tokens=int(info.get("prompt_tokens", 0)),
                 completion_tokens=int(info.get("completion_tokens", 0)),
+                cached_tokens=int(info.get("cached_tokens", 0)),
             )
         )
         self._close(req)

@@ -25,13 +25,26 @@ from worker.stages.preprocess import load_tokenizer
 
 
 class _Text:
-    __slots__ = ("cuts", "ended", "held", "info", "logprobs", "pending", "prefix",
-                 "prompt_tokens", "read", "stops", "tokens")  # fmt: skip
+    __slots__ = (
+        "cached_tokens",
+        "cuts",
+        "ended",
+        "held",
+        "info",
+        "logprobs",
+        "pending",
+        "prefix",
+        "prompt_tokens",
+        "read",
+        "stops",
+        "tokens",
+    )  # fmt: skip
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
         self.stops = stops
         self.held = ""  # text that may begin a stop text, not sent yet
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.tokens: list[int] = []
         self.logprobs: list[tuple] = []  # per token (when asked): (logprob, [(id, logprob)])
         # (token text, logprob, [(text, logprob)]) of tokens whose text is not sent yet
@@ -57,6 +70,7 @@ class DecodeExecutor(StageExecutor):
             t.tokens.extend(data["tokens"])
             t.logprobs.extend(data.get("logprobs", ()))
             t.prompt_tokens = data.get("prompt_tokens", t.prompt_tokens)
+            t.cached_tokens = data.get("cached_tokens", t.cached_tokens)
             t.cuts.append(len(t.tokens))
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
@@ -108,7 +122,8 @@ class DecodeExecutor(StageExecutor):
                     outs.append((OUT, rid, _text(t, new)))
                 del self.reqs[rid]
                 info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
-                        "completion_tokens": len(t.tokens)}  # fmt: skip
+                        "completion_tokens": len(t.tokens),
+                        "cached_tokens": t.cached_tokens}  # fmt: skip
                 outs.append((DONE, rid, info))
                 return True
             if last:  # what was held back is the reply's end after all

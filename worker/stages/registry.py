@@ -7,15 +7,15 @@ from worker.stages.base import StageContext, StageExecutor
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
-    if ctx.stage.engine.backend == Backend.SGLANG:
-        # An SGLang executor would drive SGLang's scheduler behind the same StageExecutor
-        # interface (its paged KV cache sized by the plan's engine_fraction); until one exists
-        # the stage refuses to load, so the worker fails at start, not at the first request.
-        raise ValueError(
-            f"stage {ctx.name}: engine.backend 'sglang' is not implemented yet; "
-            "use backend 'transformers'"
-        )
     family = _family(ctx)
+    if ctx.stage.engine.backend == Backend.SGLANG:
+        # refused when the worker starts, not at the first request
+        module = ctx.stage.component.module if ctx.stage.component else ""
+        if family is None or module not in family.SGLANG_COMPONENTS:
+            raise ValueError(
+                f"stage {ctx.name}: engine.backend 'sglang' serves the Qwen3-Omni thinker "
+                "only (the talkers and plain models run on backend 'transformers')"
+            )
     if family is not None:
         return family.make_executor(ctx)
     kind = ctx.stage.executor

@@ -154,7 +154,11 @@ class Response:
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
                 "input_tokens": u.prompt_tokens,
                 "output_tokens": u.completion_tokens,
-                "input_token_details": {"text_tokens": u.prompt_tokens, "audio_tokens": 0},
+                "input_token_details": {
+                    "text_tokens": u.prompt_tokens,
+                    "audio_tokens": 0,
+                    "cached_tokens": u.cached_tokens,
+                },
                 "output_token_details": {
                     "text_tokens": u.completion_tokens,
                     "audio_tokens": 0,

@@ -10,6 +10,8 @@ from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_asr"
 
+SGLANG_COMPONENTS: frozenset[str] = frozenset()  # none on engine.backend: sglang yet
+
 
 def make_executor(ctx: StageContext) -> StageExecutor:
     if ctx.stage.executor == Executor.ENCODER:

@@ -12,6 +12,8 @@ MODEL_TYPE = "qwen3_tts"
 from planner.spec import Executor  # noqa: E402
 from worker.stages.base import StageContext, StageExecutor  # noqa: E402
 
+SGLANG_COMPONENTS: frozenset[str] = frozenset()  # none on engine.backend: sglang yet
+
 
 def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor

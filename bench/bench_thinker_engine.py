@@ -1,0 +1,254 @@
+"""The thinker's engine, measured over HTTP on tiny-omni text chat: SGLang's scheduler under the
+worker (``engine.backend: sglang``, what tiny-omni runs) against the project's torch engine
+(``backend: transformers``) and against bare SGLang (``sglang.Engine``, its own processes,
+on the same checkpoint and token ids), plus what only the SGLang engine does:
+
+- speed: tokens/s and time to first token at concurrency 1 and 8 (16 requests of 64 tokens);
+- prefix: time to first token of a prompt whose 1,400-token start was computed before (warm)
+  against one whose start is new (cold);
+- chunked prefill: the longest gap between the text deltas of four running streams while one
+  1,800-token prompt is prefilled, against their median gap.
+
+    python bench/bench_thinker_engine.py [--only speed|prefix|chunked]
+
+Run by hand on an otherwise idle machine (the three engines one after another); prints one
+JSON line per part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_worker_http import start_worker  # noqa: E402
+
+SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
+NEW_TOKENS = 64
+
+
+def spec_with(backend: str, tmp: Path) -> str:
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
+    raw["stages"]["thinker"]["engine"]["backend"] = backend
+    path = tmp / f"tiny-omni-{backend}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def prompt(i: int) -> str:
+    return f"Describe the pipeline of an omni model, request {i}."
+
+
+async def chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> dict:
+    body = {
+        "model": "tiny-omni",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+        "messages": messages,
+    }
+    started = time.perf_counter()
+    stamps: list[float] = []
+    usage: dict = {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                stamps.append(time.perf_counter())
+    return {
+        "ttft": stamps[0] - started if stamps else None,
+        "stamps": stamps,
+        "tokens": usage.get("completion_tokens", 0),
+        "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+    }
+
+
+async def speed_over_http(url: str) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await chat(client, [{"role": "user", "content": "warm up"}], 4)
+        out = {}
+        for c in (1, 8):
+            gate = asyncio.Semaphore(c)
+
+            async def one(i: int, gate: asyncio.Semaphore = gate) -> dict:
+                async with gate:
+                    return await chat(client, [{"role": "user", "content": prompt(i)}],
+                                      NEW_TOKENS)  # fmt: skip
+
+            started = time.perf_counter()
+            rows = await asyncio.gather(*(one(i) for i in range(16)))
+            wall = time.perf_counter() - started
+            out[f"c{c}"] = {
+                "tokens_per_s": round(sum(r["tokens"] for r in rows) / wall, 1),
+                "ttft_ms_p50": round(statistics.median(r["ttft"] for r in rows) * 1000, 1),
+            }
+        return out
+
+
+BARE = """
+import asyncio, json, statistics, sys, time
+from transformers import AutoTokenizer
+import sglang
+ck, prompts, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+tok = AutoTokenizer.from_pretrained(ck)
+config = json.load(open(ck + "/config.json"))
+ids = [list(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                    add_generation_prompt=True, return_dict=True)["input_ids"])
+       for p in prompts]
+engine = sglang.Engine(model_path=ck, device="cpu", dtype="float32", skip_tokenizer_init=True,
+                       attention_backend="torch_native", sampling_backend="pytorch",
+                       disable_overlap_schedule=True, context_length=2048,
+                       max_running_requests=16, log_level="warning")
+# as the worker's thinker: greedy, ending at the end of the turn
+params = {"temperature": 0.0, "max_new_tokens": new_tokens,
+          "stop_token_ids": [config["im_end_token_id"]]}
+async def one(i, gate):
+    async with gate:
+        started = time.perf_counter(); first = None
+        async for out in await engine.async_generate(input_ids=ids[i], sampling_params=params,
+                                                     stream=True):
+            if first is None:
+                first = time.perf_counter() - started
+        return first, out["meta_info"]["completion_tokens"]
+async def main():
+    await one(0, asyncio.Semaphore(1))
+    res = {}
+    for c in (1, 8):
+        gate = asyncio.Semaphore(c); started = time.perf_counter()
+        rows = await asyncio.gather(*(one(i, gate) for i in range(len(ids))))
+        wall = time.perf_counter() - started
+        res[f"c{c}"] = {"tokens_per_s": round(sum(n for _, n in rows) / wall, 1),
+                        "ttft_ms_p50": round(statistics.median(f for f, _ in rows) * 1000, 1)}
+    print("RESULT " + json.dumps(res))
+asyncio.run(main())
+engine.shutdown()
+"""
+
+
+def bare_sglang_speed(checkpoint: Path) -> dict:
+    """sglang.Engine in processes of its own (tokenizer manager, scheduler, detokenizer), on the
+    token ids the worker's chat template gives the same prompts. Its processes import SGLang
+    afresh, so a ``sitecustomize`` applies the vendor layer's import patches in each."""
+    site = Path(tempfile.mkdtemp(prefix="bench-sglang-site-"))
+    (site / "sitecustomize.py").write_text(
+        "from worker.engines.sglang import patches\npatches.before_import()\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{site}:{REPO}"}
+    prompts = json.dumps([prompt(i) for i in range(16)])
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, str(checkpoint), prompts, str(NEW_TOKENS)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"bare SGLang failed:\n{out.stderr[-3000:]}")
+
+
+def filler(words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    vocab = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "omega",
+        "audio",
+        "image",
+        "video",
+        "token",
+        "stage",
+        "fleet",
+        "router",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(words))
+
+
+async def prefix(url: str) -> dict:
+    """Warm against cold time to first token of a ~1,400-token system prompt."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await chat(client, [{"role": "user", "content": "warm up"}], 2)
+        cold, warm, cached = [], [], []
+        for k in range(5):
+            system = {"role": "system", "content": filler(230, seed=k)}  # ~1,400 tokens
+            first = await chat(client, [system, {"role": "user", "content": "first"}], 1)
+            again = await chat(client, [system, {"role": "user", "content": "second"}], 1)
+            cold.append(first["ttft"])
+            warm.append(again["ttft"])
+            cached.append(again["cached"])
+        c, w = statistics.median(cold), statistics.median(warm)
+        return {"cold_ttft_ms": round(c * 1000, 1), "warm_ttft_ms": round(w * 1000, 1),
+                "warm_over_cold": round(w / c, 3), "cached_tokens": cached}  # fmt: skip
+
+
+async def chunked(url: str) -> dict:
+    """Four streams decode while one 1,800-token prompt is prefilled."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await chat(client, [{"role": "user", "content": "warm up"}], 2)
+        running = [
+            asyncio.create_task(chat(client, [{"role": "user", "content": prompt(i)}], 120))
+            for i in range(4)
+        ]
+        await asyncio.sleep(1.0)
+        long = await chat(client, [{"role": "user", "content": filler(300, seed=99)}], 2)
+        rows = await asyncio.gather(*running)
+        gaps = [b - a for r in rows for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
+        med, worst = statistics.median(gaps), max(gaps)
+        return {"median_gap_ms": round(med * 1000, 2), "max_gap_ms": round(worst * 1000, 2),
+                "max_over_median": round(worst / med, 2),
+                "long_prompt_ttft_ms": round(long["ttft"] * 1000, 1)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["speed", "prefix", "chunked"])
+    parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "omni-bench"))
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-thinker-"))
+    parts = [args.only] if args.only else ["speed", "prefix", "chunked"]
+    for backend in ("sglang", "transformers"):
+        if backend == "transformers" and "speed" not in parts:
+            break
+        ns = argparse.Namespace(spec=spec_with(backend, tmp), cache_dir=args.cache_dir)
+        proc, url = start_worker(ns)
+        try:
+            if "speed" in parts:
+                result = asyncio.run(speed_over_http(url))
+                print(json.dumps({"part": "speed", "engine": f"worker/{backend}", **result}))
+            if backend == "sglang" and "prefix" in parts:
+                print(json.dumps({"part": "prefix", **asyncio.run(prefix(url))}))
+            if backend == "sglang" and "chunked" in parts:
+                print(json.dumps({"part": "chunked", **asyncio.run(chunked(url))}))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    if "speed" in parts:
+        checkpoint = next(Path(args.cache_dir).glob("tiny-omni-*"))
+        print(json.dumps({"part": "speed", "engine": "bare sglang.Engine",
+                          **bare_sglang_speed(checkpoint)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""SGLang, composed: its scheduler and model runner under the project's autoregressive stages.
+
+What is here, and nowhere else:
+- ``patches``: every patch of SGLang, each with why and the SGLang lines;
+- ``platform``: the out-of-tree platform that runs SGLang's engine on a CPU (CI runs the code
+  path a GPU host runs);
+- ``models``: the project's model classes, registered in SGLang's model registry;
+- ``engine``: SGLang's scheduler run inside a stage process, behind ``worker.engines.base``.
+
+One SGLang version is supported (``PINNED``); install it with ``scripts/install.sh`` (CPU) or
+the line in docs/omni-worker.md (GPU). ``load`` is the one way in: it applies the patches
+around the first import.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from types import ModuleType
+
+PINNED = "0.5.23"
+
+_loaded: ModuleType | None = None
+
+
+def load() -> ModuleType:
+    """``sglang``, patched; a RuntimeError naming the fix when it is missing or another
+    version."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    try:
+        version = metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"engine.backend 'sglang' needs SGLang {PINNED}, which is not installed: run "
+            "scripts/install.sh (CPU hosts) or see docs/omni-worker.md (GPU hosts)"
+        ) from None
+    if version != PINNED:
+        raise RuntimeError(
+            f"SGLang {version} is installed; this build composes SGLang {PINNED} (its vendor "
+            "layer, worker/engines/sglang/, patches that version's lines)"
+        )
+    from worker.engines.sglang import patches
+
+    patches.before_import()
+    import sglang.srt.managers.scheduler
+
+    patches.after_import()
+    import sglang
+
+    from worker.engines.sglang import models
+
+    models.register()
+
+    _loaded = sglang
+    return sglang
+
+
+def installed() -> bool:
+    try:
+        return metadata.version("sglang") == PINNED
+    except metadata.PackageNotFoundError:
+        return False

@@ -1,0 +1,294 @@
+"""SGLang's scheduler inside a stage process, stepped by the stage host.
+
+SGLang's ``Engine`` runs its scheduler in a process of its own behind ZeroMQ, with a tokenizer
+manager and a detokenizer around it. Here the stage process is the scheduler's process: requests
+enter through the scheduler's own ``process_input_requests`` (validation, multimodal padding,
+grammar compilation, queueing), each ``step`` is one iteration of its event loop
+(``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``: chunked prefill mixed
+with decode, the radix cache, SGLang's sampler), and what it would send to the detokenizer is
+taken in place (``_Captured``). No extra process, no sockets on the request path, and the
+stage's pipeline (streaming edges, abort, batching across stages) stays the project's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import uuid
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.engines import sglang as vendor
+from worker.engines.base import EngineEvent, EngineRequest, TokenLogprob
+
+# SGLang's names for our dtypes
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    model_path: Path
+    device: str  # "cpu" or "cuda:N"
+    dtype: str  # the spec's: fp32, bf16, fp16
+    context_length: int
+    max_running_requests: int
+    kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
+    prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
+    random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
+    random_seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTrace:
+    """What one model forward ran: the requests in batch order and how many new positions
+    each had (prompt tokens in a prefill chunk, 1 in a decode step)."""
+
+    rids: list[str]
+    lengths: list[int]
+    prefill: bool
+
+
+class SGLangEngine:
+    def __init__(
+        self, settings: EngineSettings, on_forward: Callable[[ForwardTrace], None] | None = None
+    ) -> None:
+        vendor.load()
+        from sglang.srt.managers import io_struct
+        from sglang.srt.managers.scheduler import Scheduler, SpawnRanks, publish
+        from sglang.srt.server_args import PortArgs
+        from sglang.srt.utils.common import DynamicGradMode
+
+        self.io = io_struct
+        self.grad_mode = DynamicGradMode
+        server_args = _server_args(settings)
+        gpu = int(settings.device.split(":")[1]) if settings.device.startswith("cuda:") else 0
+        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None,
+                                                                 gpu_id=gpu))  # fmt: skip
+        self.scheduler = _stage_scheduler(Scheduler)(server_args, PortArgs.init_new(server_args))
+        self.outputs: list[Any] = []
+        captured = _Captured(self.outputs)
+        s = self.scheduler
+        s.output_streamer.send_to_detokenizer = captured
+        s.ipc_channels = dataclasses.replace(
+            s.ipc_channels, send_to_tokenizer=captured, send_to_detokenizer=captured
+        )
+        self.vocab_size = s.model_config.vocab_size
+        self.on_forward = on_forward
+        self.incoming: list[Any] = []
+        self.live: set[str] = set()
+
+    @property
+    def model(self) -> Any:
+        """The model instance SGLang's runner built (for a family's captured tensors)."""
+        return self.scheduler.tp_worker.model_runner.model
+
+    # ---- the engine interface ---------------------------------------------------------------
+    def submit(self, request: EngineRequest) -> None:
+        self.incoming.append(self._tokenized(request))
+        self.live.add(request.rid)
+
+    def abort(self, rid: str) -> None:
+        if rid not in self.live:
+            return
+        self.live.discard(rid)
+        self.incoming = [r for r in self.incoming if r.rid != rid]
+        with self.grad_mode():
+            self.scheduler.process_input_requests([self.io.AbortReq(rid=rid)])
+        self.outputs.clear()  # (the abort's own notice; the request is forgotten here)
+
+    def has_work(self) -> bool:
+        return bool(self.incoming) or not self.scheduler.is_fully_idle()
+
+    def queue_depth(self) -> int:
+        return len(self.live)
+
+    def step(self) -> list[EngineEvent]:
+        with self.grad_mode():  # as SGLang's event loop runs (``scheduler.py:2025``)
+            return self._step()
+
+    def _step(self) -> list[EngineEvent]:
+        s = self.scheduler
+        if self.incoming:
+            s.process_input_requests(self.incoming)
+            self.incoming = []
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        if batch:
+            result = s.run_batch(batch)
+            if self.on_forward is not None:
+                prefill = batch.forward_mode.is_extend()
+                lengths = list(batch.extend_lens) if prefill else [1] * len(batch.reqs)
+                self.on_forward(ForwardTrace([r.rid for r in batch.reqs], lengths, prefill))
+            s.process_batch_result(batch, result)
+        s.last_batch = batch
+        return self._events()
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _tokenized(self, r: EngineRequest) -> Any:
+        from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
+
+        sp = r.sampling
+        grammar = r.grammar
+        params = SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=sp.temperature or 0.0,
+            top_p=1.0 if sp.top_p is None else sp.top_p,
+            top_k=TOP_K_ALL if sp.top_k in (None, 0, -1) else sp.top_k,
+            min_p=sp.min_p or 0.0,
+            presence_penalty=sp.presence_penalty or 0.0,
+            frequency_penalty=sp.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if sp.repetition_penalty is None else sp.repetition_penalty,
+            stop_token_ids=set(r.stop_token_ids) or None,
+            logit_bias={str(t): b for t, b in sp.logit_bias} or None,
+            # (every request has one: see patches._per_request_seeds)
+            sampling_seed=secrets.randbits(62) if sp.seed is None else sp.seed,
+            json_schema=None
+            if grammar is None
+            else ("$$ANY$$" if grammar.kind == "json" else grammar.schema),
+        )
+        params.normalize(None)
+        params.verify(self.vocab_size)
+        return self.io.TokenizedGenerateReqInput(
+            rid=r.rid,
+            input_text=None,
+            input_ids=array("q", r.input_ids),
+            input_embeds=None,
+            mm_inputs=r.multimodal,
+            token_type_ids=None,
+            sampling_params=params,
+            return_logprob=r.logprobs is not None,
+            logprob_start_len=-1,
+            top_logprobs_num=r.logprobs or 0,
+            token_ids_logprob=None,
+            stream=True,
+            extra_key=uuid.uuid4().hex if r.private_prefix else None,
+        )
+
+    def _events(self) -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        for out in self.outputs:
+            if isinstance(out, self.io.AbortReq):  # refused before it ran (too long, ...)
+                if out.rid in self.live:
+                    self.live.discard(out.rid)
+                    reason = out.finished_reason or {}
+                    message = reason.get("message") or out.abort_message or "refused"
+                    events.append(EngineEvent(out.rid, finish="abort", error=str(message)))
+                continue
+            if not isinstance(out, self.io.BatchTokenIDOutput):
+                continue
+            for i, rid in enumerate(out.rids or ()):
+                if rid not in self.live:
+                    continue
+                ev = EngineEvent(
+                    rid,
+                    tokens=list(out.output_ids[i]),
+                    prompt_tokens=out.prompt_tokens[i],
+                    cached_tokens=out.cached_tokens[i],
+                )
+                if out.output_token_logprobs_val:
+                    ev.logprobs = _logprobs(out, i)
+                reason = out.finished_reasons[i]
+                if reason is not None:
+                    self.live.discard(rid)
+                    kind = reason.get("type")
+                    ev.finish = kind if kind in ("stop", "length") else "abort"
+                    if ev.finish == "abort":
+                        ev.error = str(reason.get("message") or reason)
+                events.append(ev)
+        self.outputs.clear()
+        return events
+
+
+def _logprobs(out: Any, i: int) -> list[TokenLogprob]:
+    values = out.output_token_logprobs_val[i]
+    tops_v = out.output_top_logprobs_val[i] if out.output_top_logprobs_val else None
+    tops_i = out.output_top_logprobs_idx[i] if out.output_top_logprobs_idx else None
+    found = []
+    for k, lp in enumerate(values):
+        top: tuple[tuple[int, float], ...] = ()
+        if tops_v is not None and tops_i is not None and k < len(tops_v) and tops_v[k]:
+            top = tuple(zip((int(t) for t in tops_i[k]), (float(v) for v in tops_v[k]),
+                            strict=True))  # fmt: skip
+        found.append(TokenLogprob(float(lp), top))
+    return found
+
+
+class _Captured:
+    """Stands where the scheduler's senders to the detokenizer and the tokenizer manager are
+    (``scheduler_components/ipc_channels.py:52-73``, ``output_streamer.py:235``): what they
+    would send over ZeroMQ is kept for ``step`` to read."""
+
+    def __init__(self, sink: list[Any]) -> None:
+        self.sink = sink
+        self.socket = None
+
+    def send_output(self, output: Any, recv_obj: object = None) -> None:
+        self.sink.append(output)
+
+
+def _stage_scheduler(scheduler: type) -> type:
+    """SGLang's scheduler without a tokenizer manager's duties: a stage's inputs arrive as
+    token ids and, for a multimodal model, processed (the encoder stages' embeddings, rope
+    positions from the family), so it runs with ``skip_tokenizer_init`` (no Hugging Face
+    processor, whose video part needs torchvision's C operators: ``scheduler.py:891-938``,
+    ``tp_worker.py:326-348``). The grammar backend, which that flag turns off
+    (``constrained/grammar_manager.py:36-45``), is built here over the checkpoint's tokenizer."""
+
+    class StageScheduler(scheduler):
+        def init_grammar_manager(self) -> None:
+            super().init_grammar_manager()
+            from sglang.srt.constrained.base_grammar_backend import create_grammar_backend
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            manager = self.grammar_manager
+            if manager.grammar_backend is None:
+                cfg = self.model_config
+                manager.grammar_backend = create_grammar_backend(
+                    self.server_args,
+                    get_tokenizer(self.server_args.model_path),
+                    cfg.vocab_size,
+                    cfg.hf_eos_token_id,
+                    think_end_ids=cfg.think_end_ids,
+                )
+
+    return StageScheduler
+
+
+def _server_args(st: EngineSettings) -> Any:
+    from sglang.srt.environ import envs
+    from sglang.srt.server_args import ServerArgs
+
+    # The spec's context length is the stage's, as on the torch engine, also where it exceeds
+    # the checkpoint's max_position_embeddings (the shipped 32k specs on a tiny checkpoint);
+    # SGLang refuses that unless told (configs/model_config.py).
+    envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.set(True)
+
+    cpu = not st.device.startswith("cuda")
+    kv = st.kv_tokens or st.context_length * st.max_running_requests
+    return ServerArgs(
+        model_path=str(st.model_path),
+        load_format="dummy" if st.random_weights else "auto",
+        dtype=_DTYPES.get(st.dtype, st.dtype),
+        skip_tokenizer_init=True,
+        device="cpu" if cpu else "cuda",
+        context_length=st.context_length,
+        max_running_requests=st.max_running_requests,
+        max_total_tokens=kv,  # the plan's KV budget, enforced by SGLang's pool
+        chunked_prefill_size=st.prefill_chunk_tokens,
+        # a long prompt's chunks run in the same forward as the running decodes, which keep
+        # streaming while it is prefilled
+        enable_mixed_chunk=True,
+        # the stage host steps the scheduler itself, one iteration per step
+        disable_overlap_schedule=True,
+        sampling_backend="pytorch",
+        grammar_backend="xgrammar",
+        constrained_json_disable_any_whitespace=True,  # compact JSON, as the torch engine's
+        attention_backend="torch_native" if cpu else None,
+        random_seed=st.random_seed,
+        disable_cuda_graph=cpu,
+        log_level="warning",
+    )

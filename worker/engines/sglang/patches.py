@@ -1,0 +1,264 @@
+"""Every patch of SGLang, each with why it exists and the SGLang lines (0.5.23) it works around.
+
+``before_import`` runs before the first ``import sglang`` of a process; ``after_import`` right
+after it. Each patch says when it can go.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+# Where scripts/install.sh puts the torchvision that only SGLang's imports need (see below).
+EXTRAS_DIR = Path(sysconfig.get_paths()["purelib"]) / "omni_sglang_extras"
+
+
+def before_import() -> None:
+    _torchvision_for_sglang_imports()
+
+
+def after_import() -> None:
+    _per_request_seeds()
+    _seeded_draws_in_vocabulary_order()
+    _seeded_sampling_without_sgl_kernel()
+    _native_attention_without_recomputation()
+
+
+def _torchvision_for_sglang_imports() -> None:
+    """SGLang imports torchvision unconditionally at start (``configs/__init__.py`` ->
+    ``multimodal/internvl_utils.py:5``), although the stages here never run its image
+    transforms. The only torchvision wheels that pip can install next to the CPU torch 2.13 are
+    CUDA builds whose C extension does not load, and torchvision's import then fails registering
+    fake kernels for two operators the extension would have defined
+    (``torchvision/_meta_registrations.py``, ``nms`` and ``qnms``). Declaring those operators'
+    schemas first is enough for the import. That torchvision is installed apart from
+    site-packages (``EXTRAS_DIR``), on the path only of processes that run SGLang: installed
+    beside transformers it would break transformers' own imports everywhere else (transformers
+    prefers torchvision when it can find it). Goes when SGLang imports torchvision lazily, or a
+    CPU wheel of torchvision matching the CPU torch is installable."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # a GPU host installs SGLang's own CUDA torchvision
+    if str(EXTRAS_DIR) not in sys.path:
+        sys.path.append(str(EXTRAS_DIR))
+    if _keep:
+        return
+    lib = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _keep.append(lib)
+
+
+_keep: list[object] = []  # a torch.library.Library undefines its operators when collected
+
+
+def _seeded_sampling_without_sgl_kernel() -> None:
+    """A request's ``sampling_seed`` draws its tokens by hashing (seed, position, token id)
+    into Gumbel noise (``layers/sampler.py``, ``multinomial_with_seed``). The hash
+    (``kernels/ops/sampling/murmur_hash.py:104-126``) is a triton kernel on GPUs and
+    ``sgl_kernel``'s CPU op on CPUs, neither of which exists on a CPU without AVX512. This is
+    the same MurmurHash3 in torch integer ops (``murmur_hash32``), bound where the sampler
+    looks it up; it gives the triton kernel's values bit for bit
+    (tests/test_sglang_engine.py checks it against the reference MurmurHash3). Goes when
+    SGLang ships a torch-native fallback."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from sglang.kernels.ops.sampling import murmur_hash
+    from sglang.srt.layers import sampler
+
+    murmur_hash.murmur_hash32 = murmur_hash32
+    sampler.murmur_hash32 = murmur_hash32
+
+
+def _per_request_seeds() -> None:
+    """SGLang reads a request's ``sampling_seed`` only in deterministic-inference mode
+    (``sampling/sampling_batch_info.py:157-170``), which it allows only with attention backends
+    this CPU does not have (``arg_groups/overrides.py:1119``) and which costs speed on GPUs. A
+    seed is an API field here (the same seed gives the same reply), so every batch carries its
+    requests' seeds; the engine gives every request one (a sampled request without a seed gets
+    a random one). Always a tensor: ``merge_batch`` (lines 610-620) concatenates seeds only when
+    both sides have them. Goes when SGLang honours per-request seeds outside deterministic
+    mode."""
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    build = SamplingBatchInfo.from_schedule_batch.__func__
+
+    def from_schedule_batch(cls, batch, vocab_size):
+        info = build(cls, batch, vocab_size)
+        if info.sampling_seed is None:
+            seeds = [r.sampling_params.sampling_seed or 0 for r in batch.reqs]
+            info.sampling_seed = torch.tensor(seeds, dtype=torch.int64, device=batch.device)
+        return info
+
+    SamplingBatchInfo.from_schedule_batch = classmethod(from_schedule_batch)
+
+
+def _seeded_draws_in_vocabulary_order() -> None:
+    """A seeded draw hashes (seed, position, column) into Gumbel noise. Without top-k, top-p or
+    min-p the columns are token ids (``sampling_from_probs_torch``, ``layers/sampler.py:978``);
+    with them, SGLang's torch path hashes the columns of the probabilities *sorted*
+    (``top_k_top_p_min_p_sampling_from_probs_torch``, lines 785-858), and whether a batch takes
+    that path depends on every request in it (one request with a top-k sends all there). So
+    the same seeded request drew other tokens when a batchmate asked for top-k, or when a
+    greedy request joined it (greedy rows are top-k 1); and min-p with a seed is refused by an
+    assertion (line 831). Here a seeded batch is filtered in sorted order as SGLang does, the
+    kept probabilities are put back in vocabulary order, and the draw hashes token ids: a
+    request's tokens depend on its seed, its settings and its logits only. Goes when SGLang's
+    seeded path is batch-independent."""
+    import torch
+    from sglang.srt.layers import sampler
+
+    batch_dependent = sampler.top_k_top_p_min_p_sampling_from_probs_torch
+
+    def filtered_then_drawn(
+        probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, **kw
+    ):
+        if sampling_seed is None or kw.get("return_filtered_probs"):
+            return batch_dependent(probs, top_ks, top_ps, min_ps, need_min_p_sampling,
+                                   sampling_seed, positions, **kw)  # fmt: skip
+        kept, order = probs.sort(dim=-1, descending=True)
+        before = torch.cumsum(kept, dim=-1) - kept
+        ranks = torch.arange(kept.shape[-1], device=probs.device).view(1, -1)
+        kept[(ranks >= top_ks.view(-1, 1)) | (before > top_ps.view(-1, 1))] = 0.0
+        if need_min_p_sampling:
+            kept[kept < (kept[:, :1] * min_ps.view(-1, 1))] = 0.0
+        in_vocab_order = torch.zeros_like(probs).scatter_(1, order, kept)
+        drawn = sampler.multinomial_with_seed(
+            in_vocab_order.to(torch.float64).log_(), sampling_seed, positions
+        )
+        return drawn.view(-1).to(torch.int32)
+
+    sampler.top_k_top_p_min_p_sampling_from_probs_torch = filtered_then_drawn
+
+
+def _native_attention_without_recomputation() -> None:
+    """SGLang's ``torch_native`` attention, the one a CPU without ``sgl_kernel`` has
+    (``layers/attention/torch_native_backend.py``), costs what the prefix cache and chunked
+    prefill are there to save: a prefill whose prompt starts with cached tokens (or continues
+    an earlier chunk) runs causal attention over the *whole* sequence, zero queries standing in
+    for the cached positions (lines 61-174: a 3-token turn after a 1,400-token cached prefix
+    took longer than a 1,400-token prompt's first half), and a decode step runs one SDPA call
+    per request and layer (lines 176-260, marked "inefficient" there). Here a prefill computes
+    only its new positions' queries against every key with the causal offset of its prefix,
+    and a decode step gathers every request's keys and values at once for one masked call per
+    layer; cross attention, encoder-only layers and sliding windows keep SGLang's path.
+    Registered under SGLang's own name (``attention_registry.py:217``), on CPUs only. Goes
+    when SGLang's native backend does both."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from sglang.srt.layers.attention import attention_registry
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class NewPositionsOnlyBackend(TorchNativeAttnBackend):
+        def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token,
+                                     req_pool_indices, seq_lens, extend_prefix_lens,
+                                     extend_seq_lens, encoder_lens=None, scaling=None,
+                                     enable_gqa=False, causal=False, is_cross_attn=False,
+                                     sliding_window_size=None):  # fmt: skip
+            if (
+                encoder_lens is not None
+                or is_cross_attn
+                or sliding_window_size is not None
+                or (not causal)
+            ):
+                return super()._run_sdpa_forward_extend(
+                    query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                    extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa,
+                    causal, is_cross_attn, sliding_window_size,
+                )  # fmt: skip
+            heads_first = query.movedim(0, 1)  # (heads, tokens, dim)
+            start = 0
+            for i in range(seq_lens.shape[0]):
+                new, prefix, total = (int(extend_seq_lens[i]), int(extend_prefix_lens[i]),
+                                      int(seq_lens[i]))  # fmt: skip
+                q = heads_first[:, start : start + new]
+                slots = req_to_token[req_pool_indices[i], :total]
+                k, v = k_cache[slots].movedim(0, 1), v_cache[slots].movedim(0, 1)
+                if prefix:  # query j sits at position prefix + j
+                    rows = prefix + torch.arange(new, device=q.device)[:, None]
+                    mask = torch.arange(total, device=q.device)[None] <= rows
+                    out = sdpa(q[None], k[None].to(q.dtype), v[None].to(q.dtype),
+                               attn_mask=mask, scale=scaling, enable_gqa=enable_gqa)  # fmt: skip
+                else:
+                    out = sdpa(q[None], k[None].to(q.dtype), v[None].to(q.dtype),
+                               is_causal=True, scale=scaling, enable_gqa=enable_gqa)  # fmt: skip
+                output[start : start + new] = out[0].movedim(0, 1)
+                start += new
+            return output
+
+        def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token,
+                                     req_pool_indices, seq_lens, encoder_lens=None,
+                                     scaling=None, enable_gqa=False, causal=False,
+                                     is_cross_attn=False, sliding_window_size=None):  # fmt: skip
+            if encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
+                return super()._run_sdpa_forward_decode(
+                    query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                    seq_lens, encoder_lens, scaling, enable_gqa, causal, is_cross_attn,
+                    sliding_window_size,
+                )  # fmt: skip
+            longest = int(seq_lens.max())
+            slots = req_to_token[req_pool_indices, :longest]  # (requests, positions)
+            keys = k_cache[slots].transpose(1, 2)  # (requests, heads, positions, dim)
+            values = v_cache[slots].transpose(1, 2)
+            valid = torch.arange(longest, device=seq_lens.device)[None] < seq_lens[:, None]
+            out = sdpa(
+                query.unsqueeze(2).to(keys.dtype),  # (requests, heads, 1, dim)
+                keys,
+                values,
+                attn_mask=valid[:, None, None, :],
+                scale=scaling,
+                enable_gqa=enable_gqa,
+            )
+            output.copy_(out.squeeze(2))
+            return output
+
+    attention_registry.ATTENTION_BACKENDS["torch_native"] = NewPositionsOnlyBackend
+
+
+_MASK = 0xFFFFFFFF
+
+
+def _mul32(a, b: int):  # (a * b) mod 2^32 in int64 without overflow: split b into 16-bit halves
+    return (a * (b & 0xFFFF) + (((a * (b >> 16)) & 0xFFFF) << 16)) & _MASK
+
+
+def _rotl32(x, r: int):
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def _mix(h, k):
+    k = _mul32(k, 0xCC9E2D51)
+    k = _rotl32(k, 15)
+    k = _mul32(k, 0x1B873593)
+    h = h ^ k
+    h = _rotl32(h, 13)
+    return (h * 5 + 0xE6546B64) & _MASK
+
+
+def murmur_hash32(seed, positions, col_indices):
+    """MurmurHash3 (x86, 32 bit, seed 0) of the 16 bytes (seed low, seed high, position,
+    column) for every row's seed and position and every column: ``(n, m)`` uint32."""
+    import torch
+
+    seed = seed.to(torch.int64)
+    h = torch.zeros_like(seed)
+    h = _mix(h, seed & _MASK)
+    h = _mix(h, (seed >> 32) & _MASK)
+    h = _mix(h, positions.to(torch.int64) & _MASK)[:, None]
+    h = _mix(h, col_indices.to(torch.int64)[None, :] & _MASK)
+    h = h ^ 16
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return h.to(torch.uint32)
