@@ -183,6 +183,41 @@ async def test_text_in_text_and_audio_out(worker: WorkerProcess) -> None:
         assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens // 2
 
 
+async def test_response_temperature_and_cached_tokens(worker: WorkerProcess) -> None:
+    """``temperature`` (the beta API's session and response field) samples the reply, 0 is
+    greedy; a turn after the first reports the prompt its worker's prefix cache served
+    (``usage.input_token_details.cached_tokens``); out of range is an error naming it."""
+    async with connect(worker) as conn:
+        await opened(conn)
+        ask = {"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": "Tell me something new."}]}  # fmt: skip
+
+        async def reply(**settings: object) -> str:
+            await conn.response.create(response={
+                "output_modalities": ["text"], "conversation": "none", "input": [ask],
+                "max_output_tokens": 16, **settings,
+            })  # fmt: skip
+            return (await read_response(conn)).text
+
+        greedy = await reply()
+        assert greedy and await reply(temperature=0) == greedy
+        sampled = {await reply(temperature=1.5) for _ in range(3)}
+        assert sampled - {greedy}, "temperature changed nothing"
+        await conn.send_raw(json.dumps({"type": "response.create",
+                                        "response": {"temperature": 5}}))  # fmt: skip
+        error, _ = await next_of(conn, "error")
+        assert "temperature" in (error.error.param or error.error.message), error
+
+        await add_user_text(conn, "Hello, who are you?")
+        await conn.response.create(response={"output_modalities": ["text"]})
+        first = await read_response(conn)
+        await add_user_text(conn, "And then?")
+        await conn.response.create(response={"output_modalities": ["text"]})
+        second = await read_response(conn)
+        cached = second.usage.input_token_details.cached_tokens
+        assert first.usage.input_tokens - 2 <= cached < second.usage.input_tokens, second.usage
+
+
 async def test_audio_in_with_server_vad(worker: WorkerProcess) -> None:
     async with connect(worker) as conn:
         await created(conn)

@@ -42,6 +42,7 @@ class SessionConfig(BaseModel):
     input_format: str = PCM
     output_format: str = PCM
     max_output_tokens: int | None = None
+    temperature: float | None = None  # None or 0: greedy
 
     @property
     def wants_audio(self) -> bool:
@@ -112,6 +113,8 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
             changes[field] = name
     if update.instructions is not None:
         changes["instructions"] = update.instructions
+    if update.temperature is not None:
+        changes["temperature"] = update.temperature
     chosen = modalities(update.output_modalities or update.modalities)
     if chosen is not None:
         changes["output_modalities"] = chosen
@@ -152,6 +155,7 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "turn_detection": vad,
             "input_audio_transcription": config.transcription,
             "max_response_output_tokens": limit,
+            "temperature": config.temperature,
         }
     return {
         **common,
@@ -167,4 +171,5 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "output": {"format": format_view(config.output_format), "voice": config.voice},
         },
         "max_output_tokens": limit,
+        "temperature": config.temperature,
     }

@@ -80,6 +80,8 @@ class SessionIn(_Model):
     output_modalities: list[Modality] | None = Field(None, min_length=1)
     audio: AudioIn | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    # sampling of the replies (0 or unset: greedy, as chat); the beta API's session field
+    temperature: float | None = Field(None, ge=0, le=2)
     # beta spellings
     modalities: list[Modality] | None = Field(None, min_length=1)
     voice: str | None = None
@@ -143,6 +145,7 @@ class ResponseIn(_Model):
     voice: str | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
     conversation: str | None = None  # "auto" (default) or "none": out of band
     input: list[ItemIn] | None = None
     metadata: dict | None = None

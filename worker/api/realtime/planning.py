@@ -4,6 +4,7 @@ speech but not chat, e.g. Qwen3-TTS), the user's text since the last reply, spok
 
 from __future__ import annotations
 
+import secrets
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +21,7 @@ from worker.api.speech import speech_generation
 from worker.api.voices import resolve_voice
 from worker.engine import GenerationRequest, RequestKind
 from worker.service import WorkerService
+from worker.stages.sampling import Sampling
 
 
 class SessionState(Protocol):
@@ -79,6 +81,7 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
     history = session.conversation if in_conversation else Conversation(None, "", len(extra) + 1)
     limit = cfg.max_tokens(given.max_output_tokens or given.max_response_output_tokens)
     limit = limit or c.max_output_tokens
+    temperature = c.temperature if given.temperature is None else given.temperature
     plan = ResponsePlan(
         request=GenerationRequest(request_id="", kind=RequestKind.CHAT),
         modalities=modalities,
@@ -89,6 +92,12 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
         output_format=c.output_format,
     )
     if speaks_only(service):
+        if temperature:  # (the talkers decode greedily until they move to SGLang)
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "temperature does not apply to a speech model's responses",
+                "response.temperature",
+            )
         text = _unspoken_text([*history.items, *extra])
         if not text:
             raise RealtimeError(
@@ -117,5 +126,9 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
         voice=voice,
         voice_audio=voice_audio,
         max_tokens=limit,
+        # a random seed: a response re-run after a worker's death is sent whole again
+        sampling=Sampling(temperature=temperature, seed=secrets.randbits(31))
+        if temperature
+        else None,
     )
     return plan
