@@ -8,14 +8,14 @@ from worker.stages.base import StageContext, StageExecutor
 
 def make_executor(ctx: StageContext) -> StageExecutor:
     family = _family(ctx)
-    if ctx.stage.engine.backend == Backend.SGLANG:
+    sglang = ctx.stage.engine.backend == Backend.SGLANG
+    if sglang and (family is None or not family.runs_on_sglang(ctx)):
         # refused when the worker starts, not at the first request
-        module = ctx.stage.component.module if ctx.stage.component else ""
-        if family is None or module not in family.SGLANG_COMPONENTS:
-            raise ValueError(
-                f"stage {ctx.name}: engine.backend 'sglang' serves the Qwen3-Omni thinker "
-                "only (the talkers and plain models run on backend 'transformers')"
-            )
+        raise ValueError(
+            f"stage {ctx.name}: engine.backend 'sglang' serves the Qwen3-Omni thinker and the "
+            "Qwen3-ASR decoder (the talkers, the aligner and plain models run on backend "
+            "'transformers')"
+        )
     if family is not None:
         return family.make_executor(ctx)
     kind = ctx.stage.executor

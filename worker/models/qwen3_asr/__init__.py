@@ -5,12 +5,15 @@ optional ``aligner`` stage: Qwen3-ForcedAligner word timestamps, ``aligner``).""
 
 from __future__ import annotations
 
-from planner.spec import Executor
+from planner.spec import Backend, Executor
 from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_asr"
 
-SGLANG_COMPONENTS: frozenset[str] = frozenset()  # none on engine.backend: sglang yet
+
+def runs_on_sglang(ctx: StageContext) -> bool:
+    """The stage that ``engine.backend: sglang`` serves: asr (its decoder and encoder)."""
+    return ctx.stage.executor == Executor.AUTOREGRESSIVE
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
@@ -24,6 +27,10 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             f"decoder) and optionally an encoder stage (the forced aligner); not "
             f"{ctx.stage.executor}"
         )
+    if ctx.stage.engine.backend == Backend.SGLANG:
+        from worker.models.qwen3_asr.asr_sglang import SGLangASRExecutor
+
+        return SGLangASRExecutor(ctx)
     from worker.models.qwen3_asr.stages import ASRExecutor
 
     return ASRExecutor(ctx)

@@ -73,7 +73,6 @@ class ASRExecutor(StageExecutor):
         import torch
 
         from worker.models.qwen3_asr.modeling import Qwen3ASRModel
-        from worker.models.qwen3_asr.processor import ASRProcessor
         from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
@@ -84,7 +83,13 @@ class ASRExecutor(StageExecutor):
         dtype = torch_dtype(self.ctx.stage.dtype)
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=self.ctx.stage.component)
         self.model = model.eval()
-        self.processor = ASRProcessor(ck)
+        self._setup(config)
+
+    def _setup(self, config: dict) -> None:
+        """What both decoders (this one and SGLang's, ``asr_sglang``) keep of a request."""
+        from worker.models.qwen3_asr.processor import ASRProcessor
+
+        self.processor = ASRProcessor(self.ctx.checkpoint)
         self.eos = set(EOS) | {token_id(self.processor.tokenizer, "<|im_end|>")}
         self.max_new = self.ctx.stage.engine.max_new_tokens
         self.max_running = self.ctx.max_running_requests
@@ -206,10 +211,15 @@ class ASRExecutor(StageExecutor):
                 c.done = True
 
     def step(self) -> list[Output]:
-        torch = self.torch
         outs: list[Output] = []
         while self.pending:
             outs += self._accept(*self.pending.pop(0))
+        self._decode()
+        return outs + self._finished_clips()
+
+    def _decode(self) -> None:
+        """Start waiting clips and advance every running one by a token."""
+        torch = self.torch
         with torch.inference_mode():
             while self.waiting and len(self.running) < self.max_running:
                 c = self.waiting.pop(0)
@@ -225,6 +235,11 @@ class ASRExecutor(StageExecutor):
                 for i, c in enumerate(live):
                     c.hidden = h[i : i + 1]
                 self._pick(live)
+
+    def _finished_clips(self) -> list[Output]:
+        """Each request's clips in order as they finish: a clip mark, its text; then the
+        request's end (and, with timestamps, its clips for the aligner)."""
+        outs: list[Output] = []
         for c in [c for c in self.running if c.done]:
             self.running.remove(c)
             c.cache = None

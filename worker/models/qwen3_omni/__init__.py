@@ -13,7 +13,11 @@ from planner.spec import Backend, Executor
 from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_omni_moe"
-SGLANG_COMPONENTS = frozenset({"thinker"})  # the stages that run on engine.backend: sglang
+
+
+def runs_on_sglang(ctx: StageContext) -> bool:
+    """The stages that ``engine.backend: sglang`` serves: the thinker."""
+    return bool(ctx.stage.component and ctx.stage.component.module == "thinker")
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:

@@ -12,7 +12,10 @@ MODEL_TYPE = "qwen3_tts"
 from planner.spec import Executor  # noqa: E402
 from worker.stages.base import StageContext, StageExecutor  # noqa: E402
 
-SGLANG_COMPONENTS: frozenset[str] = frozenset()  # none on engine.backend: sglang yet
+
+def runs_on_sglang(ctx: StageContext) -> bool:
+    """None of Qwen3-TTS's stages runs on ``engine.backend: sglang`` yet."""
+    return False
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
