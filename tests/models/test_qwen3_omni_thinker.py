@@ -116,16 +116,15 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
     assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)
 
 
-def sglang_only(thinker) -> None:
-    if thinker.ctx.stage.engine.backend != "sglang":
-        pytest.skip("SGLang's scheduler only (the torch engine has no prefix cache or chunks)")
+# SGLang's scheduler only: the torch engine has no prefix cache and no chunks
+sglang_only = pytest.mark.parametrize("thinker", ["sglang"], indirect=True)
 
 
+@sglang_only
 def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     """The radix cache: a prompt that starts as an earlier one did computes only what is new,
     and says how much it reused (decode and usage get ``cached_tokens``); a prompt a talker
     needs is computed whole (its hidden states go to the talker)."""
-    sglang_only(thinker)
     meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
     first = prompt(60, first=60)
     thinker.start("p1", meta, first)
@@ -147,10 +146,10 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     assert head["prompt_hidden"].shape[0] == head["prompt_embed"].shape[0] == 53
 
 
+@sglang_only
 def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(thinker) -> None:
     """Chunked prefill mixed with decode: while a 300-token prompt is prefilled 64 tokens a
     step, the running request still gets a token every step."""
-    sglang_only(thinker)
     thinker.start("run", RequestMeta("chat", frozenset({"text"}), max_tokens=40),
                   prompt(8, first=185))  # fmt: skip
     while not any(kind == CHUNK for kind, _, _ in thinker.step()):

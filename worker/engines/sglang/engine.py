@@ -23,6 +23,7 @@ from typing import Any
 
 from worker.engines import sglang as vendor
 from worker.engines.base import EngineEvent, EngineRequest, TokenLogprob
+from worker.stages.base import StageContext
 
 # SGLang's names for our dtypes
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -39,6 +40,22 @@ class EngineSettings:
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
     random_seed: int = 0
+
+    @classmethod
+    def of_stage(cls, ctx: StageContext) -> EngineSettings:
+        """A stage's engine as its spec and the plan say (the checkpoint, device and dtype,
+        the context, the plan's running requests and KV pool, the prefill chunk)."""
+        eng = ctx.stage.engine
+        return cls(
+            model_path=ctx.checkpoint,
+            device=ctx.device,
+            dtype=ctx.stage.dtype.value,
+            context_length=eng.context_length,
+            max_running_requests=ctx.max_running_requests,
+            kv_tokens=ctx.kv_tokens,
+            prefill_chunk_tokens=eng.prefill_chunk_tokens,
+            random_weights=bool(ctx.extra.get("random_weights")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,20 +23,8 @@ class SGLangASRExecutor(ASRExecutor):
 
         self.torch = torch
         ctx = self.ctx
-        eng = ctx.stage.engine
         self._setup(json.loads((ctx.checkpoint / "config.json").read_text()))
-        self.engine = SGLangEngine(
-            EngineSettings(
-                model_path=ctx.checkpoint,
-                device=ctx.device,
-                dtype=ctx.stage.dtype.value,
-                context_length=eng.context_length,
-                max_running_requests=self.max_running,
-                kv_tokens=ctx.kv_tokens,
-                prefill_chunk_tokens=eng.prefill_chunk_tokens,
-                random_weights=bool(ctx.extra.get("random_weights")),
-            )
-        )
+        self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
         self.live: dict[str, _Clip] = {}  # engine request id -> clip
 
     def abort(self, rid: str) -> None:

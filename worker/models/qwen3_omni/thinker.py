@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from worker.models.qwen3_omni.common import load, on_device
+from worker.models.qwen3_omni.common import check_prompt, load, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.generation_config import stop_tokens
 from worker.stages.grammar import GrammarBackend, Matcher
@@ -145,15 +145,7 @@ class ThinkerExecutor(StageExecutor):
         p = r.payload
         ids = torch.tensor([p["input_ids"]], device=dev)
         n = ids.shape[1]
-        if n >= self.engine.context_length:
-            raise ValueError(
-                f"prompt of {n} tokens exceeds the context length {self.engine.context_length}"
-            )
-        if self.ctx.kv_tokens and n >= self.ctx.kv_tokens:  # could never fit the pool
-            raise ValueError(
-                f"prompt of {n} tokens exceeds the context length {self.ctx.kv_tokens} that "
-                "this stage's KV pool holds"
-            )
+        check_prompt(n, self.engine.context_length, self.ctx.kv_tokens)
         r.max_new = min(r.max_new, self.engine.context_length - n)
         embeds = self.embed(ids)
         embeds = self._scatter(embeds, ids == self.audio_id, p.get("audio_embeds"), "audio")

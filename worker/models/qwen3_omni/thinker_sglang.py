@@ -24,7 +24,7 @@ from typing import Any
 
 from worker.engines.base import EngineEvent, EngineRequest
 from worker.engines.sglang.engine import ForwardTrace
-from worker.models.qwen3_omni.common import on_device
+from worker.models.qwen3_omni.common import check_prompt, on_device
 from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
 from worker.stages.generation_config import stop_tokens
 from worker.stages.sampling import Sampling
@@ -71,20 +71,7 @@ class SGLangThinkerExecutor(StageExecutor):
             self.config.tts_pad_token_id,
         ]
         self.engine_settings = ctx.stage.engine
-        eng = self.engine_settings
-        self.engine = SGLangEngine(
-            EngineSettings(
-                model_path=ctx.checkpoint,
-                device=ctx.device,
-                dtype=ctx.stage.dtype.value,
-                context_length=eng.context_length,
-                max_running_requests=ctx.max_running_requests,
-                kv_tokens=ctx.kv_tokens,
-                prefill_chunk_tokens=eng.prefill_chunk_tokens,
-                random_weights=bool(ctx.extra.get("random_weights")),
-            ),
-            on_forward=self._on_forward,
-        )
+        self.engine = SGLangEngine(EngineSettings.of_stage(ctx), on_forward=self._on_forward)
         self.model = self.engine.model
         self.embed = self.model.thinker.model.embed_tokens
         self.reqs: dict[str, _Request] = {}
@@ -112,15 +99,7 @@ class SGLangThinkerExecutor(StageExecutor):
         self.reqs[rid] = r
         eng = self.engine_settings
         try:
-            if len(ids) >= eng.context_length:
-                raise ValueError(
-                    f"prompt of {len(ids)} tokens exceeds the context length {eng.context_length}"
-                )
-            if self.ctx.kv_tokens and len(ids) >= self.ctx.kv_tokens:  # could never fit the pool
-                raise ValueError(
-                    f"prompt of {len(ids)} tokens exceeds the context length {self.ctx.kv_tokens} "
-                    "that this stage's KV pool holds"
-                )
+            check_prompt(len(ids), eng.context_length, self.ctx.kv_tokens)
             multimodal = self._multimodal(ids, payload)
         except ValueError as exc:
             self.reqs.pop(rid)
