@@ -301,9 +301,11 @@ def _server_args(st: EngineSettings) -> Any:
         enable_mixed_chunk=True,
         # the stage host steps the scheduler itself, one iteration per step
         disable_overlap_schedule=True,
+        # on every device: flashinfer's sampler takes no per-request seed (sampler.py:404)
         sampling_backend="pytorch",
         grammar_backend="xgrammar",
-        constrained_json_disable_any_whitespace=True,  # compact JSON, as the torch engine's
+        # no free whitespace in constrained JSON: a reply cannot wander in it to its limit
+        constrained_json_disable_any_whitespace=True,
         attention_backend="torch_native" if cpu else None,
         random_seed=st.random_seed,
         disable_cuda_graph=cpu,
