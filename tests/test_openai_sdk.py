@@ -196,7 +196,10 @@ def test_logprobs_whole_and_streamed(sdk: openai.OpenAI) -> None:
     chunks = list(sdk.chat.completions.create(stream=True, **kw))  # type: ignore[call-overload]
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]  # fmt: skip
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    # the same tokens; their log probabilities to float rounding (the second request's prompt
+    # comes from the prefix cache, computed in another batch)
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-4)
     with pytest.raises(openai.BadRequestError) as err:
         sdk.chat.completions.create(**{**kw, "logprobs": False})  # type: ignore[call-overload]
     assert err.value.param == "top_logprobs"

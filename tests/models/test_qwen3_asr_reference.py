@@ -200,7 +200,9 @@ def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
             assert len(clips) == 4  # 40 s cut three times near 12 s
 
 
-def test_worker_transcription_equals_official(official: dict) -> None:
+# SGLang's scheduler under the decoder (the shipped specs'), and the project's torch decoder
+@pytest.mark.parametrize("backend", ["sglang", "transformers"])
+def test_worker_transcription_equals_official(backend: str, official: dict) -> None:
     name = NAMES[1]
     tmp = official["tmp"]
     import yaml
@@ -208,7 +210,8 @@ def test_worker_transcription_equals_official(official: dict) -> None:
     spec = yaml.safe_load((ref.REPO / "configs" / "models" / "tiny-qwen3-asr.yaml").read_text())
     spec["model_dir"] = str(official["checkpoints"][name])
     spec["stages"]["asr"]["engine"]["max_new_tokens"] = MAX_NEW
-    path = tmp / "asr.yaml"
+    spec["stages"]["asr"]["engine"]["backend"] = backend
+    path = tmp / f"asr-{backend}.yaml"
     path.write_text(yaml.safe_dump(spec))
     res = official["results"][name]
     worker = WorkerProcess(

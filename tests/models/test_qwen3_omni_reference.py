@@ -36,9 +36,14 @@ pytestmark = pytest.mark.slow
 
 
 def _spec_for(model: str, tmp: Path) -> Path:
+    """The tiny spec on checkpoint ``model``; ``model@backend`` runs its thinker on that
+    engine (tiny-omni's own is SGLang's)."""
+    name, _, backend = model.partition("@")
     spec = yaml.safe_load(SPEC.read_text())
-    spec["model_dir"] = str(REPO / "configs" / "hf" / model)
-    path = tmp / f"{model}.yaml"
+    spec["model_dir"] = str(REPO / "configs" / "hf" / name)
+    if backend:
+        spec["stages"]["thinker"]["engine"]["backend"] = backend
+    path = tmp / f"{name}-{backend or 'default'}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -363,7 +368,8 @@ def test_multi_turn_media_stay_in_their_turns_and_order(served) -> None:
     _assert_equal(spoken, _reference_messages(tiny.checkpoint, [*processor[:3], again], True))
 
 
-@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
+# (the last: the project's own torch engine under the thinker, backend transformers)
+@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide", "tiny-omni@transformers"])
 def test_worker_equals_transformers_generate(model: str, served) -> None:
     wav, audio = _input_audio()
     tiny = served(model)

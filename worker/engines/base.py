@@ -50,7 +50,6 @@ class EngineEvent:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish: str | None = None
     error: str | None = None
-    prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 

@@ -39,7 +39,6 @@ class EngineSettings:
     kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
-    random_seed: int = 0
 
     @classmethod
     def of_stage(cls, ctx: StageContext) -> EngineSettings:
@@ -203,7 +202,6 @@ class SGLangEngine:
                 ev = EngineEvent(
                     rid,
                     tokens=list(out.output_ids[i]),
-                    prompt_tokens=out.prompt_tokens[i],
                     cached_tokens=out.cached_tokens[i],
                 )
                 if out.output_token_logprobs_val:
@@ -307,7 +305,7 @@ def _server_args(st: EngineSettings) -> Any:
         # no free whitespace in constrained JSON: a reply cannot wander in it to its limit
         constrained_json_disable_any_whitespace=True,
         attention_backend="torch_native" if cpu else None,
-        random_seed=st.random_seed,
+        random_seed=0,  # (the engine's own draws; every request carries its seed)
         disable_cuda_graph=cpu,
         log_level="warning",
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.engines.base import EngineRequest
+from worker.engines.base import Engine, EngineRequest
 from worker.models.qwen3_asr.stages import ASRExecutor, _Clip
 
 
@@ -24,7 +24,7 @@ class SGLangASRExecutor(ASRExecutor):
         self.torch = torch
         ctx = self.ctx
         self._setup(json.loads((ctx.checkpoint / "config.json").read_text()))
-        self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
+        self.engine: Engine = SGLangEngine(EngineSettings.of_stage(ctx))
         self.live: dict[str, _Clip] = {}  # engine request id -> clip
 
     def abort(self, rid: str) -> None:

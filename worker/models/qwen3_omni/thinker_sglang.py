@@ -181,7 +181,9 @@ class SGLangThinkerExecutor(StageExecutor):
             ev.finish = "stop"
         else:  # one piece per token, as the torch engine streams them (docs/reliability.md)
             pieces = [[t] for t in tokens]
-        for k, piece in enumerate(pieces or [[]] if first else pieces):
+        if first and not pieces:
+            pieces = [[]]  # the prompt's data goes out even when no token came with it
+        for k, piece in enumerate(pieces):
             data: dict[str, Any] = {"tokens": piece, **(first if k == 0 else {})}
             if logprobs:
                 lp = logprobs[k]
