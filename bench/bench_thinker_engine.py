@@ -7,9 +7,12 @@ on the same checkpoint and token ids), plus what only the SGLang engine does:
 - prefix: time to first token of a prompt whose 1,400-token start was computed before (warm)
   against one whose start is new (cold);
 - chunked prefill: the longest gap between the text deltas of four running streams while one
-  1,800-token prompt is prefilled, against their median gap.
+  1,800-token prompt is prefilled, against their median gap;
+- spoken: a voice conversation's second turn (its first turn a long system prompt and a 10 s
+  clip, answered with speech, then a short text turn), time to first audio when the first
+  turn's prompt is cached (the clip's hidden states kept for the talker) against a cold one.
 
-    python bench/bench_thinker_engine.py [--only speed|prefix|chunked]
+    python bench/bench_thinker_engine.py [--only speed|prefix|chunked|spoken]
 
 Run by hand on an otherwise idle machine (the three engines one after another); prints one
 JSON line per part.
@@ -56,31 +59,43 @@ def prompt(i: int) -> str:
     return f"Describe the pipeline of an omni model, request {i}."
 
 
-async def chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> dict:
+async def chat(
+    client: httpx.AsyncClient, messages: list[dict], max_tokens: int, **extra: object
+) -> dict:
+    """One streamed chat (``extra``: more body fields): when its text (or, spoken, its audio)
+    came, its transcript, its usage."""
     body = {
         "model": "tiny-omni",
         "stream": True,
         "max_tokens": max_tokens,
         "stream_options": {"include_usage": True},
         "messages": messages,
+        **extra,
     }
     started = time.perf_counter()
     stamps: list[float] = []
-    usage: dict = {}
+    first_audio, transcript, usage = None, "", {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if any(c["delta"].get("content") for c in chunk.get("choices", [])):
-                stamps.append(time.perf_counter())
+            usage = chunk.get("usage") or usage
+            for c in chunk.get("choices", []):
+                audio = c["delta"].get("audio") or {}
+                if audio.get("data") and first_audio is None:
+                    first_audio = time.perf_counter() - started
+                transcript += audio.get("transcript") or ""
+                if c["delta"].get("content"):
+                    stamps.append(time.perf_counter())
     return {
         "ttft": stamps[0] - started if stamps else None,
+        "ttfa": first_audio,
         "stamps": stamps,
+        "transcript": transcript,
         "tokens": usage.get("completion_tokens", 0),
+        "prompt": usage.get("prompt_tokens", 0),
         "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
     }
 
@@ -203,6 +218,56 @@ async def prefix(url: str) -> dict:
                 "warm_over_cold": round(w / c, 3), "cached_tokens": cached}  # fmt: skip
 
 
+def _clip(seconds: float, seed: int) -> str:
+    """A noisy tone as base64 16 kHz WAV (a clip of its own per seed)."""
+    import base64
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16_000)) / 16_000
+    wav = 0.2 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.normal(size=t.size)
+    buf = io.BytesIO()
+    sf.write(buf, wav.astype(np.float32), 16_000, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+async def spoken_turn(client: httpx.AsyncClient, messages: list[dict]) -> dict:
+    """One streamed greedy chat with speech out (``chat``'s figures)."""
+    return await chat(client, messages, 8, temperature=0, modalities=["text", "audio"],
+                      audio={"voice": "ethan", "format": "pcm16"})  # fmt: skip
+
+
+async def spoken(url: str) -> dict:
+    """A voice conversation's second turn: warm (the first turn cached) against cold."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        cold, warm, cached, prompts = [], [], [], []
+        for k in range(5):
+            system = {"role": "system", "content": filler(150, seed=100 + k)}
+            clip = {"type": "input_audio", "input_audio": {"data": _clip(10.0, k), "format": "wav"}}
+            first = [system, {"role": "user", "content": [clip]}]
+            one = await spoken_turn(client, first)
+            second = [*first, {"role": "assistant", "content": one["transcript"]},
+                      {"role": "user", "content": "Say it again."}]  # fmt: skip
+            two = await spoken_turn(client, second)
+            # the same turn with another clip and system prompt: nothing of it cached
+            other = {"type": "input_audio", "input_audio": {"data": _clip(10.0, 50 + k),
+                                                            "format": "wav"}}  # fmt: skip
+            fresh = [{"role": "system", "content": filler(150, seed=200 + k)},
+                     {"role": "user", "content": [other]}, *second[2:]]  # fmt: skip
+            three = await spoken_turn(client, fresh)
+            warm.append(two["ttfa"])
+            cold.append(three["ttfa"])
+            cached.append(two["cached"])
+            prompts.append(two["prompt"])
+        c, w = statistics.median(cold), statistics.median(warm)
+        return {"cold_ttfa_ms": round(c * 1000, 1), "warm_ttfa_ms": round(w * 1000, 1),
+                "warm_over_cold": round(w / c, 3), "cached_tokens": cached,
+                "prompt_tokens": prompts}  # fmt: skip
+
+
 async def chunked(url: str) -> dict:
     """Four streams decode while one 1,800-token prompt is prefilled."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
@@ -223,11 +288,11 @@ async def chunked(url: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["speed", "prefix", "chunked"])
+    parser.add_argument("--only", choices=["speed", "prefix", "chunked", "spoken"])
     parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "omni-bench"))
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-thinker-"))
-    parts = [args.only] if args.only else ["speed", "prefix", "chunked"]
+    parts = [args.only] if args.only else ["speed", "prefix", "chunked", "spoken"]
     for backend in ("sglang", "transformers"):
         if backend == "transformers" and "speed" not in parts:
             break
@@ -241,6 +306,8 @@ def main() -> None:
                 print(json.dumps({"part": "prefix", **asyncio.run(prefix(url))}))
             if backend == "sglang" and "chunked" in parts:
                 print(json.dumps({"part": "chunked", **asyncio.run(chunked(url))}))
+            if backend == "sglang" and "spoken" in parts:
+                print(json.dumps({"part": "spoken", **asyncio.run(spoken(url))}))
         finally:
             proc.terminate()
             proc.wait(30)

@@ -8,7 +8,10 @@ runs its requests one at a time (it is a library: one ``generate_custom_voice`` 
 caller); the worker serves the same requests over HTTP at ``--concurrency``. Both produce the
 same number of frames per request (greedy, no end-of-speech on random weights). Reported:
 audio seconds per wall second for each, their ratio, and the worker's time to the first audio
-packet (streamed pcm) at concurrency 1. Prints a table and one JSON line.
+packet (streamed pcm) at concurrency 1. The worker also runs the same requests sampled as the
+checkpoint says (its default: talker and sub-talker at temperature 0.9, top-k 50; each request
+seeded), where a request may end early: its audio seconds are what it produced. Prints a table
+and one JSON line.
 """
 
 from __future__ import annotations
@@ -33,28 +36,31 @@ from tests.worker_procs import WorkerProcess  # noqa: E402
 NAME = "tiny-qwen3-tts-custom-voice"
 
 
-async def _one(client: httpx.AsyncClient, url: str, i: int) -> float:
+async def _one(client: httpx.AsyncClient, url: str, i: int, sampled: bool) -> float:
     body = {
         "model": "tiny-qwen3-tts",
         "input": f"Request number {i} of the benchmark.",
         "voice": ["eric", "ryan", "vivian"][i % 3],
         "language": "English",
         "response_format": "pcm",
+        **({"seed": i} if sampled else {"temperature": 0}),
     }
     r = await client.post(url + "/v1/audio/speech", json=body, timeout=600)
     r.raise_for_status()
     return len(r.content) / 2 / 24_000
 
 
-async def _throughput(url: str, n: int, concurrency: int) -> tuple[float, float]:
+async def _throughput(
+    url: str, n: int, concurrency: int, sampled: bool = False
+) -> tuple[float, float]:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient() as client:
 
         async def run(i: int) -> float:
             async with sem:
-                return await _one(client, url, i)
+                return await _one(client, url, i, sampled)
 
-        await _one(client, url, 999)  # warm-up
+        await _one(client, url, 999, sampled)  # warm-up
         t0 = time.perf_counter()
         seconds = sum(await asyncio.gather(*(run(i) for i in range(n))))
         return seconds, time.perf_counter() - t0
@@ -64,7 +70,7 @@ def _first_packet(url: str, tries: int = 5) -> list[float]:
     out = []
     for i in range(tries):
         body = {"model": "tiny-qwen3-tts", "input": f"first packet {i}", "voice": "vivian",
-                "response_format": "pcm", "stream": True}  # fmt: skip
+                "response_format": "pcm", "stream": True, "temperature": 0}  # fmt: skip
         t0 = time.perf_counter()
         first = None
         with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
@@ -102,6 +108,8 @@ def main() -> None:
         first = _first_packet(worker.url)
         seconds1, wall1 = asyncio.run(_throughput(worker.url, args.requests, 1))
         seconds, wall = asyncio.run(_throughput(worker.url, args.requests, args.concurrency))
+        sampled1 = asyncio.run(_throughput(worker.url, args.requests, 1, sampled=True))
+        sampled = asyncio.run(_throughput(worker.url, args.requests, args.concurrency, True))
     finally:
         worker.stop()
     ours1 = seconds1 / wall1
@@ -114,12 +122,16 @@ def main() -> None:
         "worker_c1_audio_s_per_s": round(ours1, 3),
         f"worker_c{args.concurrency}_audio_s_per_s": round(ours, 3),
         "speedup": round(ours / theirs, 2),
+        "worker_sampled_c1_audio_s_per_s": round(sampled1[0] / sampled1[1], 3),
+        f"worker_sampled_c{args.concurrency}_audio_s_per_s": round(sampled[0] / sampled[1], 3),
         "first_packet_ms_median": round(1000 * statistics.median(first), 1),
     }
     print(f"{'':34}audio s / wall s")
     print(f"{'qwen-tts, one at a time':34}{theirs:8.3f}")
     print(f"{'omni-worker, concurrency 1':34}{ours1:8.3f}")
     print(f"{f'omni-worker, concurrency {args.concurrency}':34}{ours:8.3f}  ({ours / theirs:.1f}x)")
+    for c, (s, w) in ((1, sampled1), (args.concurrency, sampled)):
+        print(f"{f'omni-worker sampled, concurrency {c}':34}{s / w:8.3f}")
     print(f"first audio packet (streamed, c=1): {result['first_packet_ms_median']} ms median")
     print(json.dumps(result))
 

@@ -1,7 +1,8 @@
 """Real-size Qwen3-Omni, Qwen3-TTS and Qwen3-ASR stages on one GPU (seeded random weights, no
 download), or the tiny models on CPU: per-stage peak memory against omni-plan's figures, then
-Omni's time to first token and first audio, TTS's first packet and real-time factor (a cloned
-voice, all three stages), ASR's time to text and real-time factor. Run by hand:
+Omni's spoken replies (time to first token and first audio, real-time factor) and its thinker
+alone, TTS's first packet and real-time factor (a cloned voice, all three stages), each at
+concurrency 1 and 32, then ASR's time to text and real-time factor. Run by hand:
 
     python bench/gpu_check.py --device cuda          # Omni 30B-A3B, TTS 1.7B Base, ASR 0.6B
     python bench/gpu_check.py --device cuda --models tts asr
@@ -71,12 +72,14 @@ def main() -> None:
         if name == "omni":
             from worker.stages.base import RequestMeta
 
-            _drive(executors, None, args.prompt_tokens, args.new_tokens, RequestMeta)
+            for concurrency in (1, 32):
+                _drive(executors, args.prompt_tokens, args.new_tokens, RequestMeta, concurrency)
             for concurrency in (1, 32):
                 _thinker_at(executors["thinker"], concurrency, args.prompt_tokens,
                             args.new_tokens, RequestMeta)  # fmt: skip
         elif name == "tts":
-            _drive_tts(executors, args.new_tokens)
+            for concurrency in (1, 32):
+                _drive_tts(executors, args.new_tokens, concurrency)
         else:
             executors["asr"].max_new = args.new_tokens
             _drive_asr(executors["asr"], args.audio_seconds)
@@ -90,8 +93,8 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
     from planner.api import plan_spec
     from planner.loader import load_spec
     from worker.models.checkpoint import resolve_checkpoint
+    from worker.models.registry import make_executor
     from worker.stages.base import StageContext
-    from worker.stages.registry import make_executor
 
     real_spec, tiny_spec, stages = CHECKS[name]
     spec_path = MODELS / (real_spec if real else tiny_spec)
@@ -178,52 +181,65 @@ def _with_tiny_tokenizer(real: Path, tiny: Path) -> Path:
     return out
 
 
-def _drive_tts(executors: dict, new_tokens: int) -> None:
-    """One cloned-voice request (3 s reference with its transcript: reference codes, speaker
-    embedding, talker, chunked decode) through preprocessing -> tts_engine => vocoder."""
-    from worker.stages.base import RequestMeta
+def _drive_tts(executors: dict, new_tokens: int, concurrency: int) -> None:
+    """``concurrency`` cloned-voice requests at once (a 3 s reference with its transcript:
+    reference codes, speaker embedding, talker, chunked decode) through preprocessing ->
+    tts_engine => vocoder."""
+    from worker.stages.base import REQUEST_INPUT, RequestMeta
+    from worker.stages.request import RequestInput, SpeechOptions
 
     pre, talker, vocoder = (executors[s] for s in ("preprocessing", "tts_engine", "vocoder"))
     t = np.arange(72_000) / 24_000
     voice = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype("f4")
-    opts = {"role": "tts_options", "ref_text": "a reference voice", "voice_key": "bench"}
-    req = {"kind": "speech", "text": "Hello from the GPU check. " * 4, "voice": "bench",
-           "voice_audio": voice, "messages": [opts]}  # fmt: skip
+    opts = SpeechOptions(ref_text="a reference voice", voice_key="bench")
     meta = RequestMeta("speech", frozenset({"audio"}))
     t0 = time.perf_counter()
-    pre.start("r", meta, {"request": req})
-    ((kind, _, payload),) = pre.step()
-    if kind != "final":
-        raise RuntimeError(f"preprocessing refused the request: {payload}")
-    payload["max_new"] = new_tokens
-    talker.start("r", meta, {"preprocessing": payload})
-    vocoder.start("r", meta, {})
-    first = None
+    rids = [f"r{i}" for i in range(concurrency)]
+    for i, rid in enumerate(rids):
+        req = RequestInput("speech", text=f"Hello number {i} from the GPU check. " * 4,
+                           voice="bench", voice_audio=voice, speech=opts)  # fmt: skip
+        pre.start(rid, meta, {REQUEST_INPUT: req})
+        ((kind, _, payload),) = pre.step()
+        if kind != "final":
+            raise RuntimeError(f"preprocessing refused the request: {payload}")
+        payload["max_new"] = new_tokens
+        talker.start(rid, meta, {"preprocessing": payload})
+        vocoder.start(rid, meta, {})
+    first: dict[str, float] = {}
     samples = frames = 0
-    done = False
-    while not done:
-        for kind, _, data in talker.step() if talker.next_deadline() is not None else []:
+    left = concurrency
+    while left:
+        for kind, rid, data in talker.step() if talker.next_deadline() is not None else []:
             if kind == "chunk":
                 frames += "codes" in data
-                vocoder.feed("r", "tts_engine", data)
+                vocoder.feed(rid, "tts_engine", data)
             elif kind == "end":
-                vocoder.end_stream("r", "tts_engine", data)
-        for kind, _, data in vocoder.step() if vocoder.next_deadline() is not None else []:
+                vocoder.end_stream(rid, "tts_engine", data)
+        for kind, rid, data in vocoder.step() if vocoder.next_deadline() is not None else []:
             if kind == "out":
-                first = first or time.perf_counter() - t0
+                first.setdefault(rid, time.perf_counter() - t0)
                 samples += len(data[1])
-            done |= kind == "done"
-    total = time.perf_counter() - t0
+            left -= kind == "done"
+    _report_speech(concurrency, first, samples, time.perf_counter() - t0)
+    print(f"talker frames        {frames:8d} ({frames / (time.perf_counter() - t0):.1f} frames/s)")
+
+
+def _report_speech(concurrency: int, first: dict[str, float], samples: int, total: float) -> None:
+    """First packet (median and worst over the requests) and the real-time factor of one
+    stream (wall time over a stream's mean audio: below 1 is faster than real time)."""
+    firsts = sorted(first.values())
     seconds = samples / 24_000
-    print(f"first packet         {first * 1000:8.1f} ms")
-    print(f"talker frames        {frames:8d} ({frames / total:.1f} frames/s)")
-    print(f"audio                {seconds:8.2f} s in {total:.2f} s "
-          f"(real-time factor {total / max(seconds, 1e-9):.2f})")  # fmt: skip
+    rtf = total / max(seconds / concurrency, 1e-9)
+    print(f"c={concurrency:<3} first packet {firsts[len(firsts) // 2] * 1000:8.1f} ms (median), "
+          f"{firsts[-1] * 1000:8.1f} ms (worst)")  # fmt: skip
+    print(f"c={concurrency:<3} audio {seconds:8.2f} s in {total:.2f} s: {seconds / total:.2f} "
+          f"audio-s/s, real-time factor per stream {rtf:.2f}")  # fmt: skip
 
 
 def _drive_asr(asr, seconds: float) -> None:
     """One transcription of ``seconds`` of speech-like audio (bursts and pauses)."""
-    from worker.stages.base import RequestMeta
+    from worker.stages.base import REQUEST_INPUT, RequestMeta
+    from worker.stages.request import RequestInput
 
     rng = np.random.default_rng(0)
     n = int(seconds * 16_000)
@@ -232,7 +248,7 @@ def _drive_asr(asr, seconds: float) -> None:
     wav = (wav + 0.01 * rng.standard_normal(n)).astype("f4")
     t0 = time.perf_counter()
     asr.start("r", RequestMeta("transcription", frozenset({"text"})),
-              {"request": {"kind": "transcription", "audio": wav}})  # fmt: skip
+              {REQUEST_INPUT: RequestInput("transcription", audio=wav)})  # fmt: skip
     first = None
     info: dict = {}
     while asr.queue_depth():
@@ -283,58 +299,49 @@ def _thinker_at(thinker, concurrency: int, prompt_tokens: int, new_tokens: int, 
           f"{tokens / wall:8.1f} tokens/s")  # fmt: skip
 
 
-def _drive(executors, spec, prompt_tokens: int, new_tokens: int, meta_cls) -> None:
-    """One request through thinker => talker => code2wav, as the coordinator routes it."""
+def _drive(executors, prompt_tokens: int, new_tokens: int, meta_cls, concurrency: int) -> None:
+    """``concurrency`` spoken replies at once through thinker => talker => code2wav, as the
+    coordinator routes them (each its own prompt)."""
     thinker, talker, code2wav = (executors[s] for s in ("thinker", "talker", "code2wav"))
-    cfg = json.loads((thinker.ctx.checkpoint / "config.json").read_text())
-    text_ids = (
-        list(range(1000, 1000 + prompt_tokens))
-        if cfg["thinker_config"]["text_config"]["vocab_size"] > 2000
-        else [10] * prompt_tokens
-    )
-    ids = [cfg["im_start_token_id"], cfg["user_token_id"], *text_ids, cfg["im_end_token_id"]]
-    ids += [cfg["im_start_token_id"], cfg["assistant_token_id"], 10]
-    prompt = {"input_ids": ids, "audio_lens": []}
     outputs = frozenset({"text", "audio"})
-    thinker.start(
-        "r",
-        meta_cls("chat", outputs, max_tokens=new_tokens, stream_targets=("decode", "talker")),
-        {"preprocessing": prompt},
-    )
-    talker.start("r", meta_cls("chat", outputs, voice="ethan"), {"preprocessing": prompt})
-    code2wav.start("r", meta_cls("chat", outputs), {})
+    rids = [f"r{i}" for i in range(concurrency)]
+    for i, rid in enumerate(rids):
+        # (the template's newline after the assistant's role: the talker starts from it)
+        ids = [*_prompt_ids(thinker, prompt_tokens, salt=100 + i), 10]
+        prompt = {"input_ids": ids, "audio_lens": []}
+        spoken = meta_cls("chat", outputs, max_tokens=new_tokens,
+                          stream_targets=("decode", "talker"))  # fmt: skip
+        thinker.start(rid, spoken, {"preprocessing": prompt})
+        talker.start(rid, meta_cls("chat", outputs, voice="ethan"), {"preprocessing": prompt})
+        code2wav.start(rid, meta_cls("chat", outputs), {})
     t0 = time.perf_counter()
-    first_token = first_audio = thinker_done = None
+    first_token: dict[str, float] = {}
+    first_audio: dict[str, float] = {}
     tokens = samples = 0
-    done = False
-    while not done:
-        for kind, _rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
+    left = concurrency
+    while left:
+        for kind, rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
             if kind == "chunk":
-                first_token = first_token or time.perf_counter() - t0
+                first_token.setdefault(rid, time.perf_counter() - t0)
                 tokens += len(payload["tokens"])
-                talker.feed("r", "thinker", payload)
+                talker.feed(rid, "thinker", payload)
             elif kind == "end":
-                thinker_done = time.perf_counter() - t0
-                talker.end_stream("r", "thinker", payload)
-        for kind, _rid, payload in talker.step() if talker.next_deadline() is not None else []:
+                talker.end_stream(rid, "thinker", payload)
+        for kind, rid, payload in talker.step() if talker.next_deadline() is not None else []:
             if kind == "chunk":
-                code2wav.feed("r", "talker", payload)
+                code2wav.feed(rid, "talker", payload)
             elif kind == "end":
-                code2wav.end_stream("r", "talker", payload)
-        for kind, _rid, payload in code2wav.step() if code2wav.next_deadline() is not None else []:
+                code2wav.end_stream(rid, "talker", payload)
+        for kind, rid, payload in code2wav.step() if code2wav.next_deadline() is not None else []:
             if kind == "out":
-                first_audio = first_audio or time.perf_counter() - t0
+                first_audio.setdefault(rid, time.perf_counter() - t0)
                 samples += len(payload[1])
-            elif kind == "done":
-                done = True
+            left -= kind == "done"
     total = time.perf_counter() - t0
-    print(f"time to first token  {first_token * 1000:8.1f} ms")
-    print(f"time to first audio  {first_audio * 1000:8.1f} ms")
-    print(f"thinker finished at  {thinker_done * 1000:8.1f} ms")
-    print(f"thinker tokens/s     {tokens / thinker_done:8.1f} ({tokens} tokens)")
-    seconds = samples / 24000
-    rtf = total / max(seconds, 1e-9)
-    print(f"audio                {seconds:8.2f} s in {total:.2f} s (real-time factor {rtf:.2f})")
+    ttft = sorted(first_token.values())
+    print(f"c={concurrency:<3} time to first token {ttft[len(ttft) // 2] * 1000:8.1f} ms (median), "
+          f"{tokens} tokens")  # fmt: skip
+    _report_speech(concurrency, first_audio, samples, total)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ class Endpoint(StrEnum):
     """Fixed vocabulary of the OpenAI-compatible endpoints a worker may serve."""
 
     CHAT = "chat"  # POST /v1/chat/completions
+    COMPLETIONS = "completions"  # POST /v1/completions (text in, text out, no chat template)
     SPEECH = "speech"  # POST /v1/audio/speech
     TRANSCRIPTION = "transcription"  # POST /v1/audio/transcriptions
     VOICES = "voices"  # /v1/audio/voices
@@ -54,6 +55,10 @@ class WorkerRecord(BaseModel):
     capabilities: Capabilities = Field(default_factory=Capabilities)
     voices: list[str] = Field(default_factory=list)  # built-in voices (uploaded ones: Redis)
     capacity: int = Field(64, ge=1, description="max concurrent requests the worker admits")
+    # tokens of prompt prefix its chat engine keeps for reuse (SGLang's radix cache over the
+    # plan's KV pool); 0: every prompt is computed whole. The router's cache-aware policy
+    # (router/prefix.py) sends a conversation back where its prefix is, if this is above 0.
+    prefix_cache_tokens: int = Field(0, ge=0)
     status: WorkerStatus = WorkerStatus.STARTING
     plan_digest: str = ""
     # The launch plan (omni-plan JSON), for dashboards. Never part of the record's JSON: the

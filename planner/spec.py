@@ -60,10 +60,25 @@ class ComponentSpec(Strict):
 class EngineSettings(Strict):
     backend: Backend = Backend.TRANSFORMERS
     max_running_requests: int = Field(16, ge=1)
+    max_queued_requests: int = Field(
+        64,
+        ge=0,
+        description="requests waiting for this stage beyond the running ones (per replica); "
+        "one more is refused at admission with 503 overloaded, which the router takes to "
+        "another worker (429 when every one is full)",
+    )
     context_length: int = Field(4096, ge=1)
     kv_budget_tokens: int | None = Field(None, ge=1, description="None: what the memory buys")
     max_new_tokens: int = Field(256, ge=1)
     kv_dtype: DType | None = Field(None, description="KV cache dtype; None = the stage's dtype")
+    media_state_bytes: int = Field(
+        256 * 2**20,
+        ge=0,
+        description="host memory for the Qwen3-Omni thinker's hidden states at the media "
+        "positions of spoken replies' prompts (backend sglang), so that a spoken reply reuses "
+        "a cached prefix with media (worker/models/qwen3_omni/media_states.py); 0: such "
+        "prompts are computed whole",
+    )
     prefill_chunk_tokens: int = Field(
         2048,
         ge=1,
@@ -127,8 +142,11 @@ class StageSpec(Strict):
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
 
+EndpointName = Literal["chat", "completions", "speech", "transcription", "voices", "realtime"]
+
+
 class CapabilitiesSpec(Strict):
-    endpoints: list[Literal["chat", "speech", "transcription", "voices", "realtime"]]
+    endpoints: list[EndpointName]
     input_modalities: list[Literal["text", "audio", "image", "video"]] = ["text"]
     output_modalities: list[Literal["text", "audio"]] = ["text"]
 

@@ -155,6 +155,7 @@ class Admin:
     def diagnostics(self) -> dict:
         s = self.router.settings
         disc = self.router.discovery
+        prefixes = self.router.requests.prefixes
         return {
             "router": {
                 "pid": os.getpid(),
@@ -167,6 +168,8 @@ class Admin:
                 "websocket_sessions": self.router.requests.ws_sessions,
                 "session_header": s.session_header,
                 "affinity_bound": s.affinity_bound,
+                "prefix_bound": s.prefix_bound,
+                "prefix_slack": s.prefix_slack,
                 "api_keys": len(s.api_key),
                 "worker_token": s.worker_token is not None,
             },
@@ -179,10 +182,14 @@ class Admin:
                 else round(time.monotonic() - disc.last_sync, 3),
                 "last_error": None if disc is None else disc.last_error,
             },
-            "workers": [w.describe() for w in self.router.view.workers.values()],
+            "workers": [
+                {**w.describe(), "prefix": prefixes.describe(w)}
+                for w in self.router.view.workers.values()
+            ],
             "counts": {
-                "policy": dict(self.router.metrics.policy),
+                "policy": self.router.metrics.policy_outcomes(),
                 "affinity": dict(self.router.metrics.affinity),
+                "prefix": {o.value: n for o, n in self.router.metrics.prefix_outcomes().items()},
             },
         }
 
@@ -248,4 +255,5 @@ class Admin:
             "redis_up": 1 if self.router.discovery is not None and self.router.discovery.up else 0,
             "client_connections": len(self.router.requests.clients),
             "client_connections_limit": self.router.requests.max_clients,
+            **self.router.requests.prefixes.gauges(),
         }

@@ -8,35 +8,36 @@ import orjson
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint, Modality
+from router.prompt import Blocks, read_messages, read_prompt
 
 # path -> (endpoint, body is JSON that routing reads)
 ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     b"/v1/chat/completions": (Endpoint.CHAT, True),
+    b"/v1/completions": (Endpoint.COMPLETIONS, True),
     b"/v1/audio/speech": (Endpoint.SPEECH, True),
     b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
     b"/v1/audio/voices": (Endpoint.VOICES, False),
     b"/v1/realtime": (Endpoint.REALTIME, False),
+    # text streamed into speech (a speech worker's WebSocket: worker.api.speech_stream)
+    b"/v1/audio/speech/stream": (Endpoint.SPEECH, False),
 }
+WEBSOCKET_ONLY = frozenset({b"/v1/realtime", b"/v1/audio/speech/stream"})
 # OpenAI paths that no worker serves: refused at the router with 404 and what to use instead
 # (a worker that serves one advertises an Endpoint for it, and the path moves to ROUTES)
 UNSERVED: dict[bytes, str] = {
-    b"/v1/completions": "no worker in this fleet serves text completions; use /v1/chat/completions",
+    b"/v1/responses": "no worker in this fleet serves the Responses API; use /v1/chat/completions",
+    b"/v1/embeddings": "no worker in this fleet serves embeddings",
 }
 # metric label of each endpoint (a fixed vocabulary)
 ROUTE_LABEL = {e: e.value for e in Endpoint}
 
-_INPUT_PART_MODALITY = {
-    "input_audio": Modality.AUDIO,
-    "audio_url": Modality.AUDIO,
-    "image_url": Modality.IMAGE,
-    "input_image": Modality.IMAGE,
-    "video_url": Modality.VIDEO,
-    "input_video": Modality.VIDEO,
-}
 _TEXT_ONLY = frozenset({Modality.TEXT})
 _TEXT_AUDIO = frozenset({Modality.TEXT, Modality.AUDIO})
 _AUDIO_ONLY = frozenset({Modality.AUDIO})
 _NONE: frozenset[Modality] = frozenset()
+# (an enum member read from the class costs a lookup through its metaclass on every request)
+_SPEECH, _COMPLETIONS = Endpoint.SPEECH, Endpoint.COMPLETIONS
+_SPOKEN_MEDIA = hash("spoken reply with media")  # salts such a prompt's chain
 MAX_SESSION_KEY = 256
 
 # What each endpoint needs of a worker's advertised modalities, before the body says more
@@ -45,6 +46,7 @@ MAX_SESSION_KEY = 256
 # resource carries no model input or output at all (the endpoint is the capability).
 ENDPOINT_IO: dict[Endpoint, tuple[frozenset[Modality], frozenset[Modality]]] = {
     Endpoint.CHAT: (_TEXT_ONLY, _TEXT_ONLY),
+    Endpoint.COMPLETIONS: (_TEXT_ONLY, _TEXT_ONLY),
     Endpoint.SPEECH: (_TEXT_ONLY, _AUDIO_ONLY),
     Endpoint.TRANSCRIPTION: (_AUDIO_ONLY, _TEXT_ONLY),
     Endpoint.VOICES: (_NONE, _NONE),
@@ -68,6 +70,7 @@ class Classified:
     outputs: frozenset[Modality] = _TEXT_ONLY
     session_key: str | None = None
     stage_class: str = StageClass.TEXT
+    blocks: Blocks | None = None  # a text chat's prompt, for the cache-aware policy
 
 
 def classify_plain(endpoint: Endpoint) -> Classified:
@@ -94,9 +97,16 @@ def check_session_key(key: str) -> str:
 
 
 def classify_json(
-    endpoint: Endpoint, body: bytes, content_type: bytes | None, session_from_user: bool
+    endpoint: Endpoint,
+    body: bytes,
+    content_type: bytes | None,
+    session_from_user: bool,
+    prefixes: bool = False,
 ) -> Classified:
-    """Read the routing fields of a JSON body (parsed once; the original bytes are forwarded)."""
+    """Read the routing fields of a JSON body (parsed once; the original bytes are forwarded).
+    ``prefixes``: the prompt blocks of a chat or completion too (a spoken reply's prompt with
+    media in a chain of its own: the worker caches those apart, keeping their media's hidden
+    states for the talker)."""
     if content_type is None or not content_type.lower().startswith(b"application/json"):
         raise OmniError(
             415,
@@ -122,9 +132,12 @@ def classify_json(
         user = doc.get("user")
         if isinstance(user, str) and user:
             out.session_key = check_session_key(user)
-    if endpoint is Endpoint.SPEECH:
+    if endpoint is _SPEECH:
         out.outputs = _AUDIO_ONLY
         out.stage_class = StageClass.SPEECH
+        return out
+    if endpoint is _COMPLETIONS:
+        out.blocks = read_prompt(doc) if prefixes else None
         return out
     modalities = doc.get("modalities")
     if isinstance(modalities, list) and "audio" in modalities:
@@ -133,18 +146,9 @@ def classify_json(
     if doc.get("audio") is not None and out.outputs is _TEXT_ONLY:
         out.outputs = _TEXT_AUDIO
         out.stage_class = StageClass.SPEECH
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        inputs = None
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                for part in content:
-                    kind = part.get("type") if isinstance(part, dict) else None
-                    # any JSON value may stand here; only a string names a modality
-                    modality = _INPUT_PART_MODALITY.get(kind) if isinstance(kind, str) else None
-                    if modality is not None:
-                        inputs = (inputs or {Modality.TEXT}) | {modality}
-        if inputs is not None:
-            out.inputs = frozenset(inputs)
+    inputs, out.blocks = read_messages(doc, prefixes)
+    if inputs is not None:
+        out.inputs = frozenset(inputs)
+        if out.blocks and out.stage_class is StageClass.SPEECH:
+            out.blocks = [(hash((_SPOKEN_MEDIA, h)), n) for h, n in out.blocks]
     return out

@@ -24,6 +24,7 @@ from fleet.errors import ErrorCode
 from fleet.records import Endpoint
 
 ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
+PREFIX_ROUTES = (Endpoint.CHAT.value, Endpoint.COMPLETIONS.value)  # prompts the policy places
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 # the class of every three-digit status, looked up per request (no arithmetic, no min/max)
 _CLASS_OF = tuple(STATUS_CLASSES[min(max(s // 100, 1), 5) - 1] for s in range(1000))
@@ -31,11 +32,21 @@ _CLASS_OF = tuple(STATUS_CLASSES[min(max(s // 100, 1), 5) - 1] for s in range(10
 
 class PolicyOutcome(StrEnum):
     CHOSEN = "chosen"  # a worker was picked by the policy
+    PREFIX = "prefix"  # the worker holding the longest cached prefix of the prompt
+    PREFIX_OVERLOADED = "prefix_overloaded"  # that worker was over the bound: the least loaded
     AFFINITY = "affinity"  # the session's bound worker was used
     RETRIED = "retried"  # connecting failed, another worker was tried
     NO_ELIGIBLE = "no_eligible"  # 503
     OVER_CAPACITY = "over_capacity"  # every eligible worker full: 429
     GLOBAL_LIMIT = "global_limit"  # router in-flight limit: 429
+
+
+class PrefixOutcome(StrEnum):
+    """How the cache-aware policy placed a text chat or completion (router.prefix)."""
+
+    HIT = "hit"  # sent to the worker with the longest cached match
+    OVERLOADED = "overloaded"  # that worker was over the bound: the fewest requests instead
+    MISS = "miss"  # no worker that can take it holds its start: the fewest requests
 
 
 class AffinityOutcome(StrEnum):
@@ -80,6 +91,10 @@ class Metrics:
         self.errors = {(r, c.value): 0 for r in ROUTES for c in ErrorCode}
         self.policy = {o.value: 0 for o in PolicyOutcome}
         self.affinity = {o.value: 0 for o in AffinityOutcome}
+        # cache-aware placements of text chats and completions, by route; each also counts as
+        # a policy outcome (hit: prefix, overloaded: prefix_overloaded, miss: chosen), added
+        # at scrape
+        self.prefix = {r: dict.fromkeys(PrefixOutcome, 0) for r in PREFIX_ROUTES}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
         self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
@@ -92,6 +107,23 @@ class Metrics:
         self.idle_closed = 0  # client connections closed for idling
         self.resource_errors = 0  # the router's own EMFILE/ENOBUFS: never blamed on a worker
         self.gauges: Callable[[], dict[str, float]] = dict
+
+    def policy_outcomes(self) -> dict[str, int]:
+        """Every placement by its outcome, the cache-aware ones included."""
+        out = dict(self.policy)
+        placed = self.prefix_outcomes()
+        out[PolicyOutcome.PREFIX.value] += placed[PrefixOutcome.HIT]
+        out[PolicyOutcome.PREFIX_OVERLOADED.value] += placed[PrefixOutcome.OVERLOADED]
+        out[PolicyOutcome.CHOSEN.value] += placed[PrefixOutcome.MISS]
+        return out
+
+    def prefix_outcomes(self) -> dict[PrefixOutcome, int]:
+        """The cache-aware placements by outcome, every route together."""
+        out = dict.fromkeys(PrefixOutcome, 0)
+        for counts in self.prefix.values():
+            for outcome, n in counts.items():
+                out[outcome] += n
+        return out
 
     def request(self, route: str, status: int, seconds: float) -> None:
         self.requests[route, _CLASS_OF[status] if 0 <= status < 1000 else "5xx"] += 1
@@ -136,7 +168,7 @@ class _Collector:
         c = CounterMetricFamily(
             "omni_router_policy_outcomes", "Worker selection outcomes", labels=["outcome"]
         )
-        for outcome, n in m.policy.items():
+        for outcome, n in m.policy_outcomes().items():
             c.add_metric([outcome], n)
         yield c
         c = CounterMetricFamily(
@@ -144,6 +176,17 @@ class _Collector:
         )
         for outcome, n in m.affinity.items():
             c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily(
+            "omni_router_prefix_lookups",
+            "Cache-aware placements: hit (the longest cached prefix's worker), overloaded (it "
+            "was over the bound), miss (no worker held the prompt's start)",
+            labels=["route", "outcome"],
+        )
+        for route, placed in m.prefix.items():
+            for outcome, n in placed.items():
+                if n:
+                    c.add_metric([route, outcome.value], n)
         yield c
         c = CounterMetricFamily(
             "omni_router_websocket_closes",

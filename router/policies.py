@@ -107,6 +107,8 @@ def choose_hash(workers: Sequence[WorkerState], stage_class: str, key: str | Non
 
 
 CHOOSERS: dict[Policy, Chooser] = {
+    # cache_aware: a chat with a prompt goes through router.prefix; the rest by load
+    Policy.CACHE_AWARE: choose_load,
     Policy.LOAD: choose_load,
     Policy.LEAST_INFLIGHT: choose_least_inflight,
     Policy.ROUND_ROBIN: choose_round_robin,
@@ -130,14 +132,16 @@ def over_bound(
     stage_class: str,
     bound: float,
     reports: bool = True,
+    slack: int = 0,
 ) -> bool:
     """Bounded load (consistent hashing with bounded loads, Mirrokni et al.): is ``worker``,
     with this request placed on it, above ``ceil(bound x mean)`` of the fleet's load counted
-    with this request? The ceiling gives integer slack, so that at low load one extra request
-    never moves a session. ``reports=False`` decides on this router's own counts only."""
+    with this request, plus ``slack`` requests? The ceiling gives integer slack, so that at low
+    load one extra request never moves a session. ``reports=False`` decides on this router's
+    own counts only."""
     if len(workers) < 2:
         return False
     total = sum(placement_load(w, stage_class, reports) / w.capacity for w in workers)
     mean = (total + 1 / worker.capacity) / len(workers)
     mine = placement_load(worker, stage_class, reports) + 1
-    return mine > math.ceil(bound * mean * worker.capacity - 1e-9)
+    return mine > math.ceil(bound * mean * worker.capacity - 1e-9) + slack

@@ -24,6 +24,7 @@ from router.auth import ClientAuth
 from router.classify import (
     ROUTE_LABEL,
     UNSERVED,
+    WEBSOCKET_ONLY,
     Classified,
     StageClass,
     check_session_key,
@@ -39,9 +40,10 @@ from router.http.tunnel import GOING_AWAY, WORKER_LOST, Tunnel
 from router.http.wire import error_response
 from router.metrics import AffinityOutcome, CloseBy, FailoverOutcome, Metrics
 from router.policies import CHOOSERS
+from router.prefix import PrefixIndex
 from router.probes import Prober
 from router.resources import is_exhaustion
-from router.settings import RouterSettings
+from router.settings import Policy, RouterSettings
 from router.view import FleetView, WorkerState
 
 log = logging.getLogger("omni.router")
@@ -50,9 +52,12 @@ _IDLE_SWEEP_EVERY = 4  # idle client connections are looked at every 4th sweep (
 _NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 # generation requests: no side effect beyond the answer, so one that no worker answered may be
 # sent again (voices are not: an upload may have been stored before the connection broke)
-_RESENDABLE = frozenset({Endpoint.CHAT, Endpoint.SPEECH, Endpoint.TRANSCRIPTION})
+_RESENDABLE = frozenset(
+    {Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.SPEECH, Endpoint.TRANSCRIPTION}
+)
 _METHODS = {
     Endpoint.CHAT: frozenset({b"POST"}),
+    Endpoint.COMPLETIONS: frozenset({b"POST"}),
     Endpoint.SPEECH: frozenset({b"POST"}),
     Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
     Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
@@ -98,6 +103,14 @@ class RequestPath:
             settings.max_pipelined,
         )
         self.choose = CHOOSERS[settings.policy]
+        self.prefixes = PrefixIndex(
+            view,
+            settings.prefix_bound,
+            settings.prefix_slack,
+            settings.prefix_max_blocks,
+            settings.static_prefix_cache_tokens,
+        )
+        self.cache_aware = settings.policy is Policy.CACHE_AWARE
         self.check_keys = auth.required  # read per request: a plain attribute
         self.forward_auth = not self.check_keys  # a checked key is the router's, not forwarded
         self.session_header = settings.session_header.encode()
@@ -171,14 +184,16 @@ class RequestPath:
                     api_key_id(auth[7:].strip()).encode(),
                     b"\r\n",
                 )
-        if endpoint is Endpoint.REALTIME:
+        if path in WEBSOCKET_ONLY:
             self.fail(
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
             )
             return
         if json_routed:
             try:  # (only uploads stream, so a JSON-routed body is always here)
-                c = classify_json(endpoint, req.body or b"", ctype, self.session_from_user)
+                c = classify_json(
+                    endpoint, req.body or b"", ctype, self.session_from_user, self.cache_aware
+                )
             except OmniError as exc:
                 self.fail(client, exc)
                 return
@@ -214,8 +229,13 @@ class RequestPath:
         )
         if c.session_key is None:
             self.metrics.affinity["none"] += 1
-            self.metrics.policy["chosen"] += 1
-            self._send(client, self.choose(open_, c.stage_class, None), d)
+            if c.blocks and self.view.prefix_cache_tokens:
+                worker, outcome = self.prefixes.place(c, capable, open_)
+                self.metrics.prefix[client.route][outcome] += 1  # (a policy outcome too)
+            else:
+                worker = self.choose(open_, c.stage_class, None)
+                self.metrics.policy["chosen"] += 1
+            self._send(client, worker, d)
         else:
             self.spawn(self._dispatch_session(client, d, capable, open_))
 
@@ -268,6 +288,9 @@ class RequestPath:
         self.metrics.policy["affinity" if outcome is AffinityOutcome.HIT else "chosen"] += 1
         if outcome is AffinityOutcome.NEW:
             d.bind_key = c.session_key
+        if c.blocks and self.view.prefix_cache_tokens:
+            # the binding decides, but the worker now holds the prompt for stateless requests
+            self.prefixes.record(worker, c.blocks)
         return worker
 
     def _send(self, client: ClientConnection, worker: WorkerState, d: Dispatch) -> None:
@@ -385,7 +408,12 @@ class RequestPath:
         except Rejected:
             return None
         rest = [w for w in open_ if w.id not in d.tried]
-        return self.choose(rest, d.c.stage_class, d.c.session_key) if rest else None
+        if not rest:
+            return None
+        nxt = self.choose(rest, d.c.stage_class, d.c.session_key)
+        if d.c.blocks and self.view.prefix_cache_tokens:  # computed (and cached) there now
+            self.prefixes.record(nxt, d.c.blocks)
+        return nxt
 
     # called from ClientConnection when the relay ends
     def exchange_done(
@@ -433,12 +461,16 @@ class RequestPath:
         client.upstream = None
         self.fail(client, err, extra=client.extra_headers)
 
-    def exchange_refused(self, client: ClientConnection, conn: Upstream) -> None:
-        """The worker answered 503 ``draining``: it refused the request before doing anything
-        (it began draining after it was chosen), so the request goes to another worker."""
-        self._resend_elsewhere(
-            client, OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining")
-        )
+    def exchange_refused(self, client: ClientConnection, conn: Upstream, code: bytes) -> None:
+        """The worker answered 503 ``draining`` or ``overloaded``: it refused the request before
+        doing anything (it began draining after it was chosen, or a stage the request needs is
+        full), so the request goes to another worker; with none left, the client gets 503
+        ``draining`` or, as when the router finds every worker full, 429 ``overloaded``."""
+        if code == b"draining":
+            err = OmniError(503, ErrorCode.DRAINING, "every eligible worker is draining")
+        else:
+            err = OmniError(429, ErrorCode.OVERLOADED, "every eligible worker is full")
+        self._resend_elsewhere(client, err)
 
     def exchange_reset(self, client: ClientConnection, conn: Upstream) -> None:
         """The worker closed or reset the connection before sending a single response byte

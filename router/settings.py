@@ -12,6 +12,7 @@ from fleet.settings import OmniSettings
 
 
 class Policy(StrEnum):
+    CACHE_AWARE = "cache_aware"  # a chat goes where its prompt's prefix is cached; else `load`
     LOAD = "load"
     LEAST_INFLIGHT = "least_inflight"
     ROUND_ROBIN = "round_robin"
@@ -32,9 +33,24 @@ class RouterSettings(OmniSettings):
         json_schema_extra={"metavar": "URL"},
     )
     static_capacity: int = Field(1024, ge=1, description="capacity assumed for a static worker")
+    static_prefix_cache_tokens: int = Field(
+        65536, ge=0, description="prefix cache assumed for a static worker (0: it has none)"
+    )
 
     # selection and affinity
-    policy: Policy = Field(Policy.LOAD, description="how a worker is picked for a request")
+    policy: Policy = Field(Policy.CACHE_AWARE, description="how a worker is picked for a request")
+    prefix_bound: float = Field(
+        1.5,
+        ge=1.0,
+        description="a cached prefix yields when its worker is above bound x mean load + slack",
+        json_schema_extra={"metavar": "FACTOR"},
+    )
+    prefix_slack: int = Field(
+        2, ge=0, description="requests a cached prefix's worker may hold above the bound"
+    )
+    prefix_max_blocks: int = Field(
+        262144, ge=1024, description="prompt blocks the cache-aware policy remembers (memory)"
+    )
     session_header: str = Field(
         "x-session-id",
         description="request header that carries a session key (sessions stick to a worker)",

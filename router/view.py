@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from fleet.records import (
@@ -49,6 +50,7 @@ class WorkerState:
         "output_modalities",
         "pool",
         "port",
+        "prefix",
         "record",
         "report_waiters",
         "requests",
@@ -57,6 +59,7 @@ class WorkerState:
         "url",
         "ws_sessions",
     )
+    record: WorkerRecord
 
     def __init__(self, record: WorkerRecord, settings: RouterSettings, static: bool) -> None:
         self.id = record.id
@@ -80,6 +83,9 @@ class WorkerState:
         self.report_waiters: list[asyncio.Future[None]] = []  # see next_report()
         self.pool: Pool | None = None
         self.url = ""
+        # what the cache-aware policy has sent here (router.prefix); dropped through
+        # FleetView.cache_lost when the worker restarts or leaves
+        self.prefix: WorkerPrefixes | None = None
         self.update_record(record, settings)
 
     def update_record(self, record: WorkerRecord, settings: RouterSettings) -> None:
@@ -172,6 +178,23 @@ class WorkerState:
         }
 
 
+class WorkerPrefixes:
+    """What this router has sent to one worker, as far as its prefix cache can hold it: the
+    cache-aware policy's record (router.prefix), on the worker's state (``prefix``) until the
+    worker restarts or leaves."""
+
+    __slots__ = ("bit", "blocks", "budget", "hits", "placed", "tokens", "worker")
+
+    def __init__(self, worker: WorkerState, bit: int, budget: int) -> None:
+        self.worker = worker
+        self.bit = bit
+        self.budget = budget  # estimated tokens its cache holds
+        self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> tokens, oldest first
+        self.tokens = 0
+        self.placed = 0  # text chats sent here since the record began
+        self.hits = 0  # of which the record held the start (the engine had part of it cached)
+
+
 def static_record(url: str, capacity: int) -> WorkerRecord:
     parts = urlsplit(url)
     return WorkerRecord(
@@ -186,6 +209,10 @@ def static_record(url: str, capacity: int) -> WorkerRecord:
     )
 
 
+def _nothing(worker: WorkerState) -> None:
+    pass
+
+
 class FleetView:
     """Worker id -> state. ``version`` changes whenever membership or routability may have."""
 
@@ -193,11 +220,18 @@ class FleetView:
         self.settings = settings
         self.workers: dict[str, WorkerState] = {}
         self.version = 0
+        # the prefix caches of all workers, in tokens: above 0, the cache-aware policy hashes
+        # prompts (kept as workers come and go, so that the request path reads one attribute)
+        self.prefix_cache_tokens = 0
+        # called when a worker's prefix cache is gone (it restarted: another ``started_at``, or
+        # it left the fleet), so that nothing is sent there for a prefix it no longer holds
+        self.cache_lost: Callable[[WorkerState], None] = _nothing
 
     def add_static(self, urls: Iterable[str]) -> None:
         for url in urls:
             record = static_record(url, self.settings.static_capacity)
             self.workers[record.id] = WorkerState(record, self.settings, static=True)
+            self.prefix_cache_tokens += self.settings.static_prefix_cache_tokens
         self.version += 1
 
     def upsert(self, record: WorkerRecord) -> WorkerState:
@@ -206,13 +240,20 @@ class FleetView:
             state = WorkerState(record, self.settings, static=False)
             self.workers[record.id] = state
         else:
+            self.prefix_cache_tokens -= state.record.prefix_cache_tokens
+            if state.prefix is not None and record.started_at != state.record.started_at:
+                self.cache_lost(state)
             state.update_record(record, self.settings)
+        self.prefix_cache_tokens += record.prefix_cache_tokens
         self.version += 1
         return state
 
     def remove(self, worker_id: str) -> None:
         state = self.workers.get(worker_id)
         if state is not None and not state.static:
+            self.prefix_cache_tokens -= state.record.prefix_cache_tokens
+            if state.prefix is not None:
+                self.cache_lost(state)
             del self.workers[worker_id]
             state.gone = True  # its streams still open fail over (RequestPath.sweep)
             if state.pool is not None:

@@ -37,4 +37,5 @@ from tests.reliability.fixtures import (  # noqa: E402, F401
     omni_fleet,
     omni_fleet_session,
     pytest_collection_modifyitems,
+    pytest_runtest_makereport,
 )

@@ -131,11 +131,16 @@ def sdk_client(router_url: str, api_key: str) -> openai.AsyncOpenAI:
 
 def audio_session(voice: str | None = None, vad: dict | None = None, **extra: Any) -> dict:
     """A ``session.update`` body: audio out (with its transcript), PCM16 both ways,
-    ``vad`` as the turn detection (None: manual commits)."""
+    ``vad`` as the turn detection (None: manual commits), greedy unless ``extra`` says otherwise
+    (sampled, the tiny talker's random weights may end a reply's speech at its first frames:
+    a test that cuts or counts speech wants it long)."""
     audio: dict = {
         "input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": vad},
         "output": {"format": {"type": "audio/pcm", "rate": RATE}},
     }
     if voice:
         audio["output"]["voice"] = voice
-    return {"type": "realtime", "output_modalities": ["audio"], "audio": audio, **extra}
+    return {
+        "type": "realtime", "output_modalities": ["audio"], "audio": audio, "temperature": 0,
+        **extra,
+    }  # fmt: skip

@@ -94,7 +94,7 @@ def test_every_flag_has_a_plain_metavar_a_description_and_its_variable(command) 
 def test_choices_are_lower_case_and_accepted() -> None:
     flags = options(help_text(COMMANDS["omni-router"]))
     policy = flags["--policy"][0]
-    assert policy == "{load,least_inflight,round_robin,random,hash}"
+    assert policy == "{cache_aware,load,least_inflight,round_robin,random,hash}"
     assert flags["--log-level"][0] == "{debug,info,warning,error,critical}"
     from router.settings import RouterSettings
 

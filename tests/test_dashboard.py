@@ -211,10 +211,15 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         assert "chat" in routes and "speech" in routes
         assert "model_not_found" in page.text("#errors")
         requests_seen = page.eval(
-            "[...document.querySelectorAll('#workers tr[data-status=ready] td:nth-child(7)')]"
+            "[...document.querySelectorAll('#workers tr[data-status=ready] td:nth-child(8)')]"
             ".map(td => parseInt(td.innerText.replace(/,/g, '')))"
         )
         assert sum(requests_seen) > 0, requests_seen
+        cached = page.eval(  # the cache-aware policy's share per worker, once chats went there
+            "[...document.querySelectorAll('#workers tr[data-status=ready] td:nth-child(7)')]"
+            ".map(td => td.innerText)"
+        )
+        assert any("%" in text and "blocks" in text for text in cached), cached
         time.sleep(2)  # a few more seconds of the traffic chart
         shot = page.screenshot(tmp_path / "dashboard.png")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

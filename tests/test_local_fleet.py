@@ -72,11 +72,14 @@ def test_local_fleet_serves_audio_and_chat_then_stops_everything(tmp_path):
 
         # the printed curl line returns audio
         curl_line = next(line.strip() for line in banner.splitlines() if "/v1/audio/speech" in line)
+        curl = shlex.split(curl_line)
+        # seeded: the tiny talker samples, and a random one may end at its first frame
+        body = orjson.loads(curl[curl.index("-d") + 1]) | {"seed": 0}
+        curl[curl.index("-d") + 1] = orjson.dumps(body).decode()
         if shutil.which("curl"):
-            subprocess.run(shlex.split(curl_line), cwd=tmp_path, check=True, timeout=120)
+            subprocess.run(curl, cwd=tmp_path, check=True, timeout=120)
             seconds = _check_wav((tmp_path / "hello.wav").read_bytes())
             assert seconds > 0.1
-        body = orjson.loads(shlex.split(curl_line)[shlex.split(curl_line).index("-d") + 1])
         r = httpx.post(fleet.url + "/v1/audio/speech", json=body, timeout=120)
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("audio/wav")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,22 +120,24 @@ def test_models_list_each_familys_capabilities_and_voices(fleet: FamilyFleet) ->
 def test_custom_voice_speech_streamed_speech_and_realtime(fleet: FamilyFleet) -> None:
     sdk = fleet.sdk()
     voice = sdk.models.retrieve("tiny-qwen3-tts").model_dump()["voices"][0]
+    # (greedy: the random weights never stop before the frame limit)
+    seeded = {"temperature": 0}
     raw = sdk.audio.speech.with_raw_response.create(
         model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
-        response_format="pcm",
+        response_format="pcm", extra_body=seeded,
     )  # fmt: skip
     assert raw.headers["x-omni-worker-id"] == "tiny-qwen3-tts"
     pcm = raw.content
     assert len(pcm) == FRAMES * 1920 * 2
     with sdk.audio.speech.with_streaming_response.create(
         model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
-        response_format="pcm", extra_body={"stream": True},
+        response_format="pcm", extra_body={"stream": True, **seeded},
     ) as streamed:  # fmt: skip
         pieces = list(streamed.iter_bytes())
-    assert b"".join(pieces) == pcm  # greedy: the same audio, streamed
+    assert b"".join(pieces) == pcm  # the same audio, streamed
     wav = sdk.audio.speech.create(
         model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
-        response_format="wav",
+        response_format="wav", extra_body=seeded,
     ).content  # fmt: skip
     samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
     assert rate == 24_000 and samples.tobytes() == pcm
@@ -176,8 +180,9 @@ def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> 
     listed = httpx.get(fleet.router.url + "/v1/audio/voices", timeout=30).json()["data"]
     assert [v["name"] for v in listed] == ["mine"] and listed[0]["consent"] == "recorded"
     pcm = sdk.audio.speech.create(
-        model="tiny-qwen3-tts-base", input="cloned", voice="mine", response_format="pcm"
-    ).content
+        model="tiny-qwen3-tts-base", input="cloned", voice="mine", response_format="pcm",
+        extra_body={"temperature": 0},  # (greedy: the random weights never stop early)
+    ).content  # fmt: skip
     assert len(pcm) == FRAMES * 1920 * 2 and any(pcm)
     with pytest.raises(openai.BadRequestError) as err:  # Base has no built-in voices
         sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="vivian")
@@ -244,7 +249,7 @@ def test_production_specs_on_the_tiny_checkpoints_equal_the_tiny_specs(fleet: Fa
 
         def speech(w: WorkerProcess, model: str, voice: str) -> bytes:
             body = {"model": model, "input": "Equal on both specs.", "voice": voice,
-                    "response_format": "pcm"}  # fmt: skip
+                    "response_format": "pcm", "seed": 17}  # fmt: skip
             r = httpx.post(w.url + "/v1/audio/speech", json=body, timeout=300)
             assert r.status_code == 200, r.text
             return r.content
@@ -279,3 +284,181 @@ def test_production_specs_on_the_tiny_checkpoints_equal_the_tiny_specs(fleet: Fa
     finally:
         for w in production.values():
             w.stop()
+
+
+def test_text_streamed_into_speech_through_the_router(fleet: FamilyFleet) -> None:
+    """``/v1/audio/speech/stream`` on Qwen3-TTS through the router: words sent one by one with
+    pauses are spoken as they come (the first audio before the last word was sent), the audio
+    equals the same text sent at once, and mistakes are error events on an open socket."""
+    from websockets.sync.client import connect
+
+    url = fleet.router.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    # (short: the talker reads a token a frame, and the tiny spec stops at FRAMES frames)
+    words = ["Hi", " yo", " ok."]
+
+    def utterance(ws, pieces: list[str], pause: float) -> tuple[bytes, float | None, float]:
+        """(audio, when its first audio came, when the last piece went), times from the start."""
+        t0 = time.monotonic()
+        create = {"type": "speech.create", "voice": "vivian", "seed": 5, "input": pieces[0]}
+        ws.send(json.dumps(create))
+        assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
+        audio, first, sent_last = bytearray(), None, time.monotonic() - t0
+        for piece in pieces[1:]:
+            deadline = time.monotonic() + pause
+            while (left := deadline - time.monotonic()) > 0:  # read what comes meanwhile
+                try:
+                    event = json.loads(ws.recv(timeout=left))
+                except TimeoutError:
+                    break
+                assert event["type"] == "speech.audio.delta", event
+                first = first if first is not None else time.monotonic() - t0
+                audio += base64.b64decode(event["audio"])
+            ws.send(json.dumps({"type": "input_text.delta", "delta": piece}))
+            sent_last = time.monotonic() - t0
+        ws.send(json.dumps({"type": "input_text.done"}))
+        while (event := json.loads(ws.recv(timeout=120)))["type"] != "speech.audio.done":
+            assert event["type"] == "speech.audio.delta", event
+            first = first if first is not None else time.monotonic() - t0
+            audio += base64.b64decode(event["audio"])
+        return bytes(audio), first, sent_last
+
+    with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        # (pauses long enough for a first packet on two busy cores: the talker waits for the
+        # second piece to know the first word is complete)
+        streamed, first, last = utterance(ws, words, pause=1.0)
+        assert first is not None and first < last, (first, last)
+        at_once, _, _ = utterance(ws, ["".join(words)], pause=0)
+        assert streamed and streamed == at_once
+        ws.send(json.dumps({"type": "input_text.delta", "delta": "no utterance"}))
+        error = json.loads(ws.recv(timeout=30))
+        assert error["error"]["code"] == "invalid_request" and error["error"]["param"] == "type"
+        ws.send(json.dumps({"type": "speech.create", "voice": "nobody", "input": "x"}))
+        assert json.loads(ws.recv(timeout=30))["error"]["code"] == "voice_not_found"
+
+
+def test_a_full_talker_is_refused_at_admission_through_the_router(fleet: FamilyFleet) -> None:
+    """The spec's running and queued limits (here 1 + 0 on the talker): a second speech while
+    a streamed one holds the talker is refused by its worker with 503 ``overloaded`` before any
+    audio, and the router, with no other worker left, answers 429 (the SDK's RateLimitError)
+    with Retry-After; the worker is not blamed, and once the first ends the next one speaks."""
+    from websockets.sync.client import connect
+
+    worker = WorkerProcess(
+        "--spec", WORKERS["tiny-qwen3-tts"][0], "--gpus", "cpu", "--fleet", FLEET + "-limited",
+        "--tts_engine.engine.max_new_tokens", str(MAX_NEW),
+        "--tts_engine.engine.max_running_requests", "1",
+        "--tts_engine.engine.max_queued_requests", "0",
+        "--cache-dir", str(fleet.caches["tiny-qwen3-tts"]), redis_url=fleet.redis_url,
+    )  # fmt: skip
+    router = None
+    try:
+        router = Router("--fleet", FLEET + "-limited", "--redis-url", fleet.redis_url)
+        worker.wait_ready(timeout=600)
+        wait_for(lambda: router.ready()["routable_workers"] == 1, timeout=30)
+        sdk = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+        body = {"model": "tiny-qwen3-tts", "input": "Hi.", "voice": "vivian",
+                "response_format": "pcm", "temperature": 0}  # fmt: skip
+
+        def speak() -> bytes:
+            return sdk.audio.speech.create(
+                model="tiny-qwen3-tts", input="Hi.", voice="vivian", response_format="pcm",
+                extra_body={"temperature": 0},
+            ).content  # fmt: skip
+
+        url = router.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+            create = {"type": "speech.create", "voice": "vivian", "input": "Hello"}
+            ws.send(json.dumps(create))  # (its text never ends: it holds the talker)
+            assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
+            with pytest.raises(openai.RateLimitError) as refused:
+                speak()
+            assert refused.value.response.headers["retry-after"]
+            error = refused.value.response.json()["error"]
+            assert error["code"] == "overloaded", error
+            direct = httpx.post(worker.url + "/v1/audio/speech", json=body, timeout=30)
+            assert direct.status_code == 503, direct.text
+            assert "stage tts_engine is full" in direct.json()["error"]["message"]
+            ws.send(json.dumps({"type": "input_text.done"}))
+            while json.loads(ws.recv(timeout=120))["type"] != "speech.audio.done":
+                pass
+        wait_for(lambda: httpx.get(worker.url + "/load").json()["in_flight"] == 0, timeout=30)
+        assert len(speak()) == FRAMES * 1920 * 2
+        health = router.diagnostics()["workers"][0]["health"]
+        assert health["breaker"] == "closed" and not health["consecutive_failures"], health
+    finally:
+        if router is not None:
+            router.stop()
+        worker.stop()
+
+
+def test_text_streamed_into_a_realtime_tts_session(fleet: FamilyFleet) -> None:
+    """A realtime session on Qwen3-TTS through the router: ``input_text_buffer.append`` starts
+    a response that speaks the text as it is written (the first audio before the last piece,
+    each piece in the transcript as the talker gets it), ``input_text_buffer.commit`` ends it;
+    the audio equals the speech stream's for the same text (greedy). Mistakes are error events
+    on an open session."""
+    from websockets.sync.client import connect
+
+    base = fleet.router.url.replace("http://", "ws://")
+    words = ["Hi", " yo", " ok."]
+
+    def recv(ws, timeout: float = 60) -> dict:
+        return json.loads(ws.recv(timeout=timeout))
+
+    with connect(base + "/v1/realtime?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        assert recv(ws)["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update",
+                            "session": {"type": "realtime", "temperature": 0}}))  # fmt: skip
+        assert recv(ws)["type"] == "session.updated"
+        ws.send(json.dumps({"type": "input_text_buffer.commit"}))  # nothing streams yet
+        error = recv(ws)
+        assert error["type"] == "error" and error["error"]["param"] == "type", error
+        t0 = time.monotonic()
+        seen: list[dict] = []
+        audio, first, sent_last = bytearray(), None, 0.0
+
+        def take(event: dict) -> None:
+            nonlocal first
+            seen.append(event)
+            if event["type"] == "response.output_audio.delta":
+                first = first if first is not None else time.monotonic() - t0
+                audio.extend(base64.b64decode(event["delta"]))
+
+        ws.send(json.dumps({"type": "input_text_buffer.append", "delta": words[0]}))
+        for piece in words[1:]:
+            deadline = time.monotonic() + 1.0  # (as in the speech stream test)
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    take(recv(ws, left))
+                except TimeoutError:
+                    break
+            ws.send(json.dumps({"type": "input_text_buffer.append", "delta": piece}))
+            sent_last = time.monotonic() - t0
+        ws.send(json.dumps({"type": "response.create"}))  # one is in flight: refused
+        ws.send(json.dumps({"type": "input_text_buffer.commit"}))
+        while not seen or seen[-1]["type"] != "response.done":
+            take(recv(ws, 120))
+    kinds = [e["type"] for e in seen]
+    assert first is not None and first < sent_last, (first, sent_last)
+    assert kinds[0] == "response.created" and "input_text_buffer.committed" in kinds
+    assert [e["error"]["code"] for e in seen if e["type"] == "error"] == [
+        "conversation_already_has_active_response"
+    ]
+    transcript = [e["delta"] for e in seen if e["type"] == "response.output_audio_transcript.delta"]
+    assert transcript == words
+    done = seen[-1]["response"]
+    # (greedy, the tiny talker's random weights speak up to the spec's frame limit)
+    assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "max_output_tokens")
+    assert done["output"][0]["content"][0]["transcript"] == "".join(words)
+
+    # the same text through the speech stream, at once and greedy: the same audio
+    with connect(base + "/v1/audio/speech/stream?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        create = {"type": "speech.create", "voice": "vivian", "temperature": 0,
+                  "input": "".join(words)}  # fmt: skip
+        ws.send(json.dumps(create))
+        assert recv(ws)["type"] == "speech.created"
+        ws.send(json.dumps({"type": "input_text.done"}))
+        streamed = bytearray()
+        while (event := recv(ws, 120))["type"] != "speech.audio.done":
+            streamed.extend(base64.b64decode(event["audio"]))
+    assert audio and bytes(audio) == bytes(streamed)

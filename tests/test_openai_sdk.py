@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections import Counter
 
 import numpy as np
 import openai
@@ -73,6 +74,7 @@ def test_chat_with_audio_output(sdk: openai.OpenAI) -> None:
         modalities=["text", "audio"],
         max_tokens=8,
         messages=[{"role": "user", "content": "Say something."}],
+        seed=2,  # (the talker samples: one seed, the same speech)
     )
     out = sdk.chat.completions.create(audio={"voice": VOICE, "format": "wav"}, **kwargs)
     message = out.choices[0].message
@@ -93,24 +95,56 @@ def test_chat_with_audio_output(sdk: openai.OpenAI) -> None:
 
 def test_speech_whole_and_streamed(sdk: openai.OpenAI) -> None:
     text = "Hello from the fleet."
+    seeded = {"seed": 21}  # (the talker samples: one seed, the same speech)
     whole = sdk.audio.speech.create(
-        model=MODEL, input=text, voice=VOICE, response_format="wav"
+        model=MODEL, input=text, voice=VOICE, response_format="wav", extra_body=seeded
     ).content
     assert whole[:4] == b"RIFF" and len(whole) > 44
     with sdk.audio.speech.with_streaming_response.create(
-        model=MODEL, input=text, voice=VOICE, response_format="pcm", stream_format="audio"
-    ) as response:
+        model=MODEL, input=text, voice=VOICE, response_format="pcm", stream_format="audio",
+        extra_body=seeded,
+    ) as response:  # fmt: skip
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = list(response.iter_bytes(chunk_size=None))
     assert len(pieces) > 1, "streamed speech arrives in several pieces"
     assert b"".join(pieces) == whole[44:]
+    # the same seed is the same audio on every worker; another seed other audio
+    heard: dict[str, bytes] = {}
+    for s in range(12):
+        raw = sdk.audio.speech.with_raw_response.create(
+            model=MODEL, input=text, voice=VOICE, response_format="pcm", extra_body=seeded,
+            extra_headers={"x-session-id": f"sdk-seeded-{s}"},
+        )  # fmt: skip
+        heard[raw.headers["x-omni-worker-id"]] = raw.content
+        if len(heard) > 1:
+            break
+    assert len(heard) > 1 and set(heard.values()) == {whole[44:]}, sorted(heard)
+    other = sdk.audio.speech.create(
+        model=MODEL, input=text, voice=VOICE, response_format="pcm", extra_body={"seed": 22}
+    ).content
+    assert other != whole[44:]
+    # Qwen3-Omni's talker takes no instructions or language (Qwen3-TTS's do): refused, not ignored
+    for field, value in (("instructions", "Whisper."), ("language", "english")):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.speech.create(model=MODEL, input=text, voice=VOICE, extra_body={field: value})
+        assert err.value.param == field
 
 
 def test_transcription(sdk: openai.OpenAI) -> None:
+    """Qwen3-Omni transcribes; the request's prompt (the system's context) and language hint
+    (in the instruction) are read by the model: its prompt grows by each."""
     clip = ("clip.wav", wav_bytes(1.5), "audio/wav")
     first = sdk.audio.transcriptions.create(model=MODEL, file=clip)
     assert isinstance(first.text, str)
     assert sdk.audio.transcriptions.create(model=MODEL, file=clip).text == first.text
+
+    def prompt_tokens(**kw: str) -> int:
+        out = sdk.audio.transcriptions.create(model=MODEL, file=clip, **kw)  # type: ignore[call-overload]
+        return out.usage.input_tokens
+
+    plain = prompt_tokens()
+    assert prompt_tokens(prompt="Names: Oslo, Paris.") > plain
+    assert prompt_tokens(language="en") > plain
 
 
 def test_same_answer_through_either_router(omni_fleet: Fleet) -> None:
@@ -369,3 +403,133 @@ def test_a_conversation_reuses_its_cached_prefix(sdk: openai.OpenAI) -> None:
     assert usage is not None and usage.prompt_tokens == second.usage.prompt_tokens
     # all of it this time but the last token, whose logits start the reply
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+
+
+def _stateless_turns(
+    sdk: openai.OpenAI, opening: list[dict], turns: int, salt: str
+) -> list[tuple[str, float]]:
+    """A conversation as a stateless client holds it (no session id, no `user`): every turn
+    resends all before it. (worker, share of the prompt cached) per follow-up turn; the
+    first turn's worker first, with share 0."""
+    messages = list(opening)
+    out = []
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"Turn {t} of {salt}: what follows?"})
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        reply = raw.parse()
+        usage = reply.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        cached = usage.prompt_tokens_details.cached_tokens or 0
+        out.append((raw.headers["x-omni-worker-id"], cached / usage.prompt_tokens))
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return out
+
+
+def test_stateless_conversations_land_where_their_prefix_is_cached(
+    sdk: openai.OpenAI, omni_fleet: Fleet
+) -> None:
+    """Six conversations with their own ~800-token system prompts, four turns each, no session
+    id, through the router's cache-aware policy: the follow-up turns find their prefix in the
+    worker's radix cache (``cached_tokens``), and the conversations still spread. Then the same
+    with an audio clip in the first turn."""
+    rule = "Answer in one short sentence and never repeat the question. "
+    systems = [{"role": "system", "content": f"You are agent {n}. " + rule * 13} for n in range(6)]
+    talks = [_stateless_turns(sdk, [system], 4, f"c{n}") for n, system in enumerate(systems)]
+    follow_ups = [share for talk in talks for _, share in talk[1:]]
+    assert sum(share >= 0.7 for share in follow_ups) >= 16, follow_ups
+    per_worker = Counter(worker for talk in talks for worker, _ in talk)
+    counts = [per_worker.get(w, 0) for w in omni_fleet.workers]
+    assert max(counts) <= 3 * min(counts) + 1, per_worker
+    openings = []
+    for n in range(3):  # each its own clip
+        clip = base64.b64encode(wav_bytes(1.0, freq=220.0 + 110 * n)).decode()
+        audio = {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
+        ask = [audio, {"type": "text", "text": f"{n}: " + rule * 5}]
+        openings.append([{"role": "user", "content": ask}, {"role": "assistant", "content": "Ok."}])
+    heard = [_stateless_turns(sdk, opening, 3, f"a{n}") for n, opening in enumerate(openings)]
+    shares = [share for talk in heard for _, share in talk[1:]]
+    assert sum(share >= 0.7 for share in shares) >= 5, shares
+    per_worker = Counter(worker for talk in heard for worker, _ in talk)
+    counts = [per_worker.get(w, 0) for w in omni_fleet.workers]
+    assert max(counts) <= 3 * min(counts) + 1, per_worker
+
+
+def test_text_completions(sdk: openai.OpenAI) -> None:
+    """``/v1/completions``: the prompt continued as it is (no chat template), whole and
+    streamed alike; several prompts and ``n`` choices ordered by prompt; echo, logprobs, stop,
+    token-id prompts; the fields it cannot serve refused with a 400 naming them."""
+    prompt = "Once upon a time, in an omni fleet,"
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    out = sdk.completions.create(**kw)  # type: ignore[call-overload]
+    assert out.object == "text_completion" and out.id.startswith("cmpl-")
+    (choice,) = out.choices
+    assert choice.text and choice.finish_reason in ("length", "stop")
+    assert out.usage is not None and out.usage.completion_tokens >= 1
+    chat = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=1
+    )
+    assert (
+        chat.usage is not None and out.usage.prompt_tokens < chat.usage.prompt_tokens
+    )  # no template
+    chunks = list(sdk.completions.create(stream=True, stream_options={"include_usage": True}, **kw))  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert (
+        chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens
+    )
+    # echo; logprobs whose tokens make the text, greedy picks each its own likeliest
+    echoed = sdk.completions.create(echo=True, **kw).choices[0].text  # type: ignore[call-overload]
+    assert echoed == prompt + choice.text
+    lp = sdk.completions.create(logprobs=2, **kw).choices[0].logprobs  # type: ignore[call-overload]
+    assert lp is not None and "".join(lp.tokens or []) == choice.text
+    for token, logprob, top in zip(
+        lp.tokens or [], lp.token_logprobs or [], lp.top_logprobs or [], strict=True
+    ):
+        assert logprob == pytest.approx(max(top.values())) and top[token] == pytest.approx(logprob)
+    # stop cuts before the stop text
+    stop = choice.text[3:5]
+    cut = sdk.completions.create(stop=[stop], **kw).choices[0]  # type: ignore[call-overload]
+    assert cut.text == choice.text[: choice.text.find(stop)] and cut.finish_reason == "stop"
+    # several prompts, n choices each, seeded: ordered by prompt, the first prompt's as alone
+    sampled = dict(model=MODEL, max_tokens=8, temperature=1.0, seed=7, n=2)
+    both = sdk.completions.create(prompt=[prompt, "The router said"], **sampled)  # type: ignore[call-overload]
+    alone = sdk.completions.create(prompt=prompt, **sampled)  # type: ignore[call-overload]
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices[:2]] == [c.text for c in alone.choices]
+    assert both.usage is not None and alone.usage is not None
+    assert both.usage.prompt_tokens > alone.usage.prompt_tokens  # each prompt counted once
+    # a prompt of token ids
+    ids = sdk.completions.create(model=MODEL, prompt=[40, 41, 42, 43], max_tokens=3)
+    assert ids.usage is not None and ids.usage.prompt_tokens == 4
+    with pytest.raises(openai.BadRequestError):
+        sdk.completions.create(model=MODEL, prompt=[40, 10**9], max_tokens=3)
+    for bad, param in (
+        ({"suffix": "the end"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"logprobs": 6}, "logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.completions.create(**{**kw, **bad})  # type: ignore[call-overload]
+        assert err.value.param == param or param in str(err.value), (bad, err.value)
+
+
+def test_a_completion_prompt_lands_where_its_prefix_is_cached(sdk: openai.OpenAI) -> None:
+    """Two completions sharing a long prompt start, no session id: the cache-aware policy sends
+    the second where the first was computed, which serves the shared start from its cache."""
+    start = "A long shared context for the fleet's completion prefix cache. " * 20
+    first = sdk.completions.with_raw_response.create(
+        model=MODEL, prompt=start + "One:", max_tokens=2
+    )
+    second = sdk.completions.with_raw_response.create(
+        model=MODEL, prompt=start + "Two:", max_tokens=2
+    )
+    assert first.headers["x-omni-worker-id"] == second.headers["x-omni-worker-id"]
+    usage, before = second.parse().usage, first.parse().usage
+    assert usage is not None and usage.prompt_tokens_details is not None and before is not None
+    assert (usage.prompt_tokens_details.cached_tokens or 0) >= 0.9 * before.prompt_tokens, usage

@@ -47,3 +47,11 @@ async def test_text_to_speech_model_speaks_the_text(tts_worker: WorkerProcess) -
         reply = await read_response(conn)
     assert reply.transcript == "Hello there."
     assert reply.audio_seconds > 0.2
+    # max_output_tokens bounds a spoken response's frames (80 ms each; usage counts them)
+    async with tts.realtime.connect(model="tiny-qwen3-tts") as conn:
+        await conn.recv()
+        await add_user_text(conn, "Hello again.")
+        await conn.response.create(response={"max_output_tokens": 5})
+        short = await read_response(conn)
+    assert (short.status, short.usage.output_tokens) == ("incomplete", 5)
+    assert short.audio_seconds <= 5 * 0.08

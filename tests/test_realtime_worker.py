@@ -355,6 +355,10 @@ async def test_bad_inputs_get_error_codes_and_the_session_goes_on(worker: Worker
             "input_audio_buffer_full",
         )
         await refused(conn.input_audio_buffer.commit(), "input_audio_buffer_commit_empty")
+        # streamed text is for text-to-speech models: a chat model says so
+        streamed = {"type": "input_text_buffer.append", "delta": "Hello"}
+        await refused(conn.send_raw(json.dumps(streamed)), "invalid_request", "type")
+        await refused(conn.send_raw('{"type": "input_text_buffer.commit"}'), "invalid_request")
         opus = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}}
         await refused(
             conn.send_raw(json.dumps({"type": "session.update", "session": opus})),
@@ -500,7 +504,10 @@ async def test_beta_protocol_names(worker: WorkerProcess) -> None:
         event = await conn.recv()
         assert event.session.modalities == ["text", "audio"]
         assert event.session.input_audio_format == "pcm16"
-        await conn.session.update(session={"turn_detection": None, "instructions": "Hi."})
+        # (greedy, as audio_session() sets it: a sampled talker may end its speech at once)
+        await conn.session.update(
+            session={"turn_detection": None, "instructions": "Hi.", "temperature": 0}
+        )
         await next_of(conn, "session.updated")
         await add_user_text(conn, "Hello")
         await conn.response.create()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -370,6 +371,44 @@ def test_a_slow_client_slows_the_worker_instead_of_filling_router_memory() -> No
         big.stop()
 
 
+def test_a_large_body_to_a_slow_client_stays_exact_while_other_bodies_flow() -> None:
+    """Worker responses are read into one shared buffer (router.http.proxy._ReadBuffer); a
+    large body that a slow client has not taken yet must not be overwritten by the bodies read
+    for other clients meanwhile."""
+    from tests.reliability.hostile import RawWorker
+
+    size = 16_000_000  # beyond what the kernel buffers for a client that does not read
+    worker = RawWorker(body=bytes(size), varying=True)  # each answer one byte value of its own
+    router = Router("--worker", worker.url, name="router-slow-raw")
+    try:
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", router.port))
+        slow.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: 2\r\n\r\n{}")  # fmt: skip
+        time.sleep(0.5)  # its answer waits in the router, not read
+        with httpx.Client(timeout=10) as client:
+            for _ in range(5):
+                r = client.post(router.url + "/v1/audio/speech", json={})
+                assert r.status_code == 200 and len(r.content) == size
+                assert len(set(r.content)) == 1
+        slow.settimeout(10)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += slow.recv(65536)
+        head, _, body = got.partition(b"\r\n\r\n")
+        while len(body) < size:
+            piece = slow.recv(1 << 20)
+            assert piece, len(body)
+            body += piece
+        assert head.startswith(b"HTTP/1.1 200") and len(body) == size
+        assert set(body) == {1}, Counter(body).most_common(3)  # the first answer, intact
+        slow.close()
+    finally:
+        router.stop()
+        worker.close()
+
+
 def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
     bad, good = FakeWorker("bad"), FakeWorker("good")
     router = Router("--worker", bad.url, "--worker", good.url, "--policy", "round_robin",
@@ -394,9 +433,9 @@ def test_circuit_breaker_opens_on_5xx_and_half_opens_to_a_probe() -> None:
         good.stop()
 
 
-def test_text_completions_are_refused_with_a_clear_404(router: Router, workers) -> None:
+def test_unserved_openai_apis_are_refused_with_a_clear_404(router: Router, workers) -> None:
     before = sum(w.stats()["requests"] for w in workers)
-    r = httpx.post(router.url + "/v1/completions", json={"model": "fake-model", "prompt": "hi"})
+    r = httpx.post(router.url + "/v1/responses", json={"model": "fake-model", "input": "hi"})
     assert r.status_code == 404
     error = r.json()["error"]
     assert error["code"] == "endpoint_not_served" and "/v1/chat/completions" in error["message"]

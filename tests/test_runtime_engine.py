@@ -34,6 +34,7 @@ from worker.engine import (
     TextDelta,
 )
 from worker.runtime.engine import PipelineEngine
+from worker.stages.sampling import Sampling
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -70,9 +71,11 @@ async def engine(cache_dir: Path) -> AsyncIterator[PipelineEngine]:
 
 
 def chat(rid: str, audio: bool = False, max_tokens: int | None = None) -> GenerationRequest:
+    # (the talker greedy: sampled, the tiny talker's random weights may stop at any frame)
     return GenerationRequest(
-        rid, RequestKind.CHAT, messages=LONG_PROMPT, output_audio=audio, max_tokens=max_tokens
-    )
+        rid, RequestKind.CHAT, messages=LONG_PROMPT, output_audio=audio, max_tokens=max_tokens,
+        speech_sampling=Sampling(temperature=0.0) if audio else None,
+    )  # fmt: skip
 
 
 async def collect(eng: PipelineEngine, req: GenerationRequest, timeout: float = 60) -> list:
@@ -172,8 +175,9 @@ async def test_audio_chunks_stream_while_talker_runs(engine: PipelineEngine) -> 
 async def test_speech_voices_are_deterministic_and_distinct(engine: PipelineEngine) -> None:
     def speech(rid: str, voice: str) -> GenerationRequest:
         return GenerationRequest(
-            rid, RequestKind.SPEECH, text="Hello there.", voice=voice, output_audio=True
-        )
+            rid, RequestKind.SPEECH, text="Hello there.", voice=voice, output_audio=True,
+            speech_sampling=Sampling(temperature=0),  # (greedy: long enough to compare)
+        )  # fmt: skip
 
     ethan = audio_of(await collect(engine, speech("s1", "ethan")))
     assert ethan == audio_of(await collect(engine, speech("s2", "ethan")))
@@ -308,7 +312,7 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
             chat("layout-text", max_tokens=20),
             GenerationRequest(
                 "layout-speech", RequestKind.CHAT, messages=with_audio(chirp()),
-                output_audio=True, max_tokens=10,
+                output_audio=True, max_tokens=10, speech_sampling=Sampling(seed=8),
             ),
         )  # fmt: skip
         for req in requests:

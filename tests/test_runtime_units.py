@@ -20,6 +20,7 @@ from worker.runtime import transport
 from worker.runtime.graph import REQUEST_INPUT, route
 from worker.stages.base import BatchQueue, RequestMeta, StageExecutor
 from worker.stages.kvbatch import KVBatch
+from worker.stages.request import RequestInput
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
@@ -70,6 +71,34 @@ def test_fan_in_waits_for_every_input() -> None:
     assert route(spec, frozenset({"text", "audio"})).required["agg"] == {"a", "b"}
     # an inactive input is not waited for
     assert route(spec, frozenset({"text"})).required["agg"] == {"a"}
+
+
+def test_stage_limits_follow_the_route_the_plan_and_the_replicas(tmp_path: Path) -> None:
+    """Admission's limit per autoregressive stage: the plan's running requests (the spec's
+    when the plan gives none) plus the spec's queued ones, summed over the replicas, for the
+    stages that the request's outputs visit."""
+    from planner.localplan import cpu_node_plan
+    from worker.engine import RequestKind, outputs_of
+    from worker.runtime.engine import PipelineEngine
+
+    spec = tiny_spec()
+    spec.stages["talker"].engine.max_queued_requests = 3
+    plan = cpu_node_plan(spec)
+    one = PipelineEngine(spec, SPEC_PATH, plan, tmp_path)
+    assert one.stage_limits(outputs_of(RequestKind.CHAT)) == {"thinker": 16 + 64}
+    assert one.stage_limits(outputs_of(RequestKind.SPEECH)) == {"thinker": 80, "talker": 19}
+    # the plan's running requests win; a second replica doubles the room
+    thinker = next(p for p in plan.processes if "thinker" in [s.stage for s in p.stages])
+    placed = next(s for s in thinker.stages if s.stage == "thinker")
+    placed.max_running_requests = 4
+    second = [p.model_copy(update={"name": "1/" + p.group, "replica": 1}) for p in plan.processes]
+    two = PipelineEngine(
+        spec, SPEC_PATH, plan.model_copy(update={"processes": [*plan.processes, *second]}), tmp_path
+    )
+    assert two.stage_limits(outputs_of(RequestKind.CHAT, output_audio=True)) == {
+        "thinker": 2 * (4 + 64),
+        "talker": 2 * 19,
+    }
 
 
 # ---- transport -------------------------------------------------------------------------------
@@ -313,8 +342,8 @@ def test_step_batching_matches_unbatched_greedy_decoding(plain_lm: Path) -> None
 def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from worker.models.registry import make_executor
     from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta, StageContext
-    from worker.stages.registry import make_executor
 
     model_dir = plain_lm
     spec = ModelSpec.model_validate(
@@ -348,8 +377,8 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_
     meta = RequestMeta("chat", frozenset({"text"}))
     prompts = {"r1": "Tell me a story.", "r2": "hi"}
     for rid, text in prompts.items():
-        pre.start(rid, meta, {"request": {"kind": "chat", "messages": [
-            {"role": "user", "content": text}]}})  # fmt: skip
+        request = RequestInput("chat", [{"role": "user", "content": text}])
+        pre.start(rid, meta, {REQUEST_INPUT: request})
         ((kind, _, payload),) = pre.step()
         assert kind == FINAL
         llm.start(rid, meta, {"preprocessing": payload})
@@ -387,8 +416,8 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_
 
 
 def test_aggregate_merges_inputs() -> None:
+    from worker.models.registry import make_executor
     from worker.stages.base import FINAL, RequestMeta, StageContext
-    from worker.stages.registry import make_executor
 
     spec = ModelSpec.model_validate(
         {
@@ -411,8 +440,8 @@ def test_aggregate_merges_inputs() -> None:
 
 
 def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Path) -> None:
+    from worker.models.registry import make_executor
     from worker.stages.base import DONE, OUT, RequestMeta, StageContext
-    from worker.stages.registry import make_executor
 
     spec = tiny_spec()
     dec = make_executor(StageContext("decode", spec, spec.stages["decode"], checkpoint, "cpu", 1))
@@ -504,9 +533,9 @@ def test_the_plain_stage_honours_sampling_and_refuses_what_it_cannot_serve(
     """The generic stage (the Qwen3-8B spec's) samples as the request asks, with the chat
     sampler; logprobs and response_format, which only the Qwen3-Omni thinker serves, are a
     clear refusal instead of being ignored."""
+    from worker.models.registry import make_executor
     from worker.stages.base import CHUNK, INVALID, RequestMeta, StageContext
     from worker.stages.grammar import Grammar
-    from worker.stages.registry import make_executor
     from worker.stages.sampling import Sampling
 
     spec = ModelSpec.model_validate(

@@ -208,6 +208,7 @@ def test_chat_audio_output_whole_and_streamed(workers, sdk_a: openai.OpenAI) -> 
         modalities=["text", "audio"],
         max_tokens=8,
         messages=[{"role": "user", "content": "Say something."}],
+        seed=4,  # (the talker samples: one seed, the same speech)
     )
     out = sdk_a.chat.completions.create(audio={"voice": voice, "format": "wav"}, **kwargs)
     message = out.choices[0].message
@@ -234,8 +235,13 @@ def test_chat_audio_output_whole_and_streamed(workers, sdk_a: openai.OpenAI) -> 
 
 def test_speech_whole_and_streamed(workers, sdk_a: openai.OpenAI) -> None:
     voice = builtin_voice(workers[0])
+    seeded = {"seed": 4}  # (the talker samples: one seed, the same speech)
     whole = sdk_a.audio.speech.create(
-        model=MODEL, input="Hello from the fleet.", voice=voice, response_format="wav"
+        model=MODEL,
+        input="Hello from the fleet.",
+        voice=voice,
+        response_format="wav",
+        extra_body=seeded,
     ).content
     assert whole[:4] == b"RIFF" and len(whole) > 44
     pieces: list[bytes] = []
@@ -245,6 +251,7 @@ def test_speech_whole_and_streamed(workers, sdk_a: openai.OpenAI) -> None:
         voice=voice,
         response_format="pcm",
         stream_format="audio",
+        extra_body=seeded,
     ) as response:
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = list(response.iter_bytes(chunk_size=None))
@@ -285,11 +292,15 @@ def test_uploaded_voices_refused_where_the_model_cannot_clone(
 
 
 def test_determinism_across_workers(workers, sdk_a: openai.OpenAI, sdk_b: openai.OpenAI) -> None:
+    """A seeded speech request (the talker samples) is the same bytes on another worker, and
+    another seed is other audio; greedy chat is the same text."""
     voice = builtin_voice(workers[0])
     request = dict(model=MODEL, input="Same bytes everywhere.", voice=voice, response_format="wav")
-    assert (
-        sdk_a.audio.speech.create(**request).content == sdk_b.audio.speech.create(**request).content
-    )
+
+    def speak(sdk: openai.OpenAI, seed: int) -> bytes:
+        return sdk.audio.speech.create(**request, extra_body={"seed": seed}).content  # type: ignore[call-overload]
+
+    assert speak(sdk_a, 1) == speak(sdk_b, 1) != speak(sdk_b, 2)
     chat = dict(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "Determinism?"}])
     assert (
         sdk_a.chat.completions.create(**chat).choices[0].message.content
@@ -382,6 +393,7 @@ def test_stage_process_killed_and_recovered(workers, sdk_a: openai.OpenAI, event
         max_tokens=64,
         stream=True,
         messages=[{"role": "user", "content": "Talk for a while."}],
+        seed=0,  # the talker samples; a tiny random one may end at its first frame
     )
     with pytest.raises(openai.APIError) as err:
         for chunk in stream:
@@ -404,7 +416,9 @@ def test_stage_process_killed_and_recovered(workers, sdk_a: openai.OpenAI, event
         model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "back?"}]
     )
     assert out.choices[0].message.content
-    speech = sdk_a.audio.speech.create(model=MODEL, input="Recovered.", voice=voice)
+    speech = sdk_a.audio.speech.create(
+        model=MODEL, input="Recovered.", voice=voice, extra_body={"seed": 0}
+    )
     assert len(speech.content) > 44
 
 
@@ -442,6 +456,7 @@ def test_sigterm_drains_without_losing_in_flight(workers, fleet_redis, events) -
         "voice": voice,
         "response_format": "pcm",
         "stream": True,
+        "seed": 9,  # (the talker samples: the reference and the drained stream alike)
     }
     reference = httpx.post(
         b.url + "/v1/audio/speech", headers=b.headers, timeout=120, json={**body, "stream": False}

@@ -454,6 +454,35 @@ def test_sessions_and_capacity_in_the_load_report(worker: Running, http: httpx.C
     assert worker.service.in_flight == 0
 
 
+def test_a_full_stage_is_refused_at_admission(worker: Running, http: httpx.Client) -> None:
+    """Beyond a stage's running + queued requests (the engine's stage_limits), admission
+    answers 503 overloaded naming the stage, before any byte of a stream; each choice of a
+    chat counts, and a refused request takes no room."""
+    chat = {"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]}
+    held = {"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}
+    worker.engine.limits = {"thinker": 2}
+    worker.call(worker.engine.hold.clear)
+    try:
+        with httpx.Client(base_url=worker.url, headers=http.headers, timeout=10) as other:
+            thread = threading.Thread(target=other.post, args=("/v1/chat/completions",),
+                                      kwargs={"json": held})  # fmt: skip
+            thread.start()
+            wait_for(lambda: worker.service.waiting["thinker"] == 1)
+            body = assert_error(
+                http.post("/v1/chat/completions", json={**chat, "n": 2}), 503, "overloaded"
+            )
+            assert "stage thinker is full: 1 requests running or queued of 2" in str(body)
+            streamed = http.post("/v1/chat/completions", json={**chat, "n": 2, "stream": True})
+            assert_error(streamed, 503, "overloaded")
+            assert http.post("/v1/chat/completions", json=chat).status_code == 200
+            worker.call(worker.engine.hold.set)
+            thread.join(timeout=10)
+    finally:
+        worker.engine.limits = {}
+        worker.call(worker.engine.hold.set)
+    assert worker.service.waiting["thinker"] == 0 and worker.service.in_flight == 0
+
+
 def test_store_true_is_refused_not_ignored(http: httpx.Client) -> None:
     body = {"model": "fake-omni", "messages": [{"role": "user", "content": "hi"}], "store": True}
     assert_error(http.post("/v1/chat/completions", json=body), 400, "invalid_request")

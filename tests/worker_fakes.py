@@ -38,6 +38,7 @@ class FakeEngine:
         self.seen: list[GenerationRequest] = []
         self.hold = asyncio.Event()  # cleared: requests with "HOLD" in their text wait on it
         self.hold.set()
+        self.limits: dict[str, int] = {}  # the thinker's running + queued limit, when set
 
     async def start(self, progress: ProgressCallback) -> None:
         progress("fake: loading")
@@ -48,6 +49,9 @@ class FakeEngine:
 
     def speakers(self) -> list[str]:
         return ["tiny", "alloy"]
+
+    def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
+        return self.limits
 
     def status(self) -> EngineStatus:
         return EngineStatus(

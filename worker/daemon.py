@@ -17,11 +17,11 @@ from pathlib import Path
 
 import uvicorn
 
-from fleet.records import WorkerRecord, WorkerStatus
+from fleet.records import Endpoint, WorkerRecord, WorkerStatus
 from fleet.settings import redacted_url
 from fleet.store import FleetStore, connect
 from planner.plan import LaunchPlan, NodePlan
-from planner.spec import ModelSpec
+from planner.spec import Backend, ModelSpec
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
 from worker.api.protocol import worker_http_protocol
@@ -52,6 +52,22 @@ class Planned:
     spec_path: Path
     plan: LaunchPlan
     node_plan: NodePlan
+
+
+def prefix_cache_tokens(spec: ModelSpec, node_plan: NodePlan) -> int:
+    """Tokens of chat prompt prefix this worker keeps for reuse: the KV pools of its stages on
+    SGLang (its radix cache; 0 where none serves chat), as the router's cache-aware policy
+    sizes its record of what is cached here."""
+    if Endpoint.CHAT not in spec.capabilities.endpoints:
+        return 0
+    engines = {n: s.engine for n, s in spec.stages.items() if s.engine.backend == Backend.SGLANG}
+    total = 0
+    for process in node_plan.processes:
+        for placed in process.stages:
+            engine = engines.get(placed.stage)
+            if engine is not None:  # (a pool the plan leaves open is sized as SGLang sizes it)
+                total += placed.kv_tokens or engine.context_length * engine.max_running_requests
+    return total
 
 
 def inventory_of(settings: WorkerSettings):  # -> planner.inventory.Inventory
@@ -255,6 +271,7 @@ class Daemon:
             capabilities=capabilities_of(planned.spec),
             voices=service.engine.speakers(),
             capacity=settings.capacity,
+            prefix_cache_tokens=prefix_cache_tokens(planned.spec, planned.node_plan),
             status=WorkerStatus.STARTING,
             plan_digest=planned.plan.digest(),
             plan=planned.plan.model_dump(mode="json"),

@@ -16,13 +16,27 @@ import numpy as np
 
 from fleet.records import ProcessMemory
 from worker.stages.grammar import Grammar
+from worker.stages.request import SpeechOptions, TranscriptionOptions
 from worker.stages.sampling import Sampling
 
 
 class RequestKind(StrEnum):
     CHAT = "chat"
+    COMPLETION = "completion"  # a text prompt continued as it is (no chat template)
     SPEECH = "speech"
     TRANSCRIPTION = "transcription"
+
+
+_TEXT, _AUDIO, _TEXT_AUDIO = frozenset({"text"}), frozenset({"audio"}), frozenset({"text", "audio"})
+
+
+def outputs_of(kind: RequestKind, output_audio: bool = False) -> frozenset[str]:
+    """What a request of this kind produces (the stages it visits follow from it)."""
+    if kind == RequestKind.SPEECH:
+        return _AUDIO
+    if kind == RequestKind.TRANSCRIPTION:
+        return _TEXT
+    return _TEXT_AUDIO if output_audio else _TEXT
 
 
 @dataclass(slots=True)
@@ -32,7 +46,11 @@ class GenerationRequest:
     # chat: OpenAI-style messages whose content is text or a list of parts in order (text,
     # and audio, image, video decoded: worker.api.chat); `audio` is a transcription's clip
     messages: list[dict] = field(default_factory=list)
-    text: str = ""  # speech: the text to speak
+    text: str = ""  # speech: the text to speak; completion: the prompt
+    # speech on Qwen3-TTS: the rest of the text as it is written (``text`` is its start); the
+    # talker reads it in the model's streaming-text mode and the iterator's end ends it
+    text_stream: AsyncIterator[str] | None = None
+    prompt_ids: list[int] | None = None  # completion: the prompt as token ids (instead of text)
     audio: np.ndarray | None = None  # mono float32 at AUDIO_INPUT_RATE (input audio)
     output_audio: bool = False  # chat with modalities ["text", "audio"], and all speech
     voice: str | None = None  # a built-in speaker, or an uploaded voice's name
@@ -40,10 +58,14 @@ class GenerationRequest:
     max_tokens: int | None = None
     session_id: str | None = None
     sampling: Sampling | None = None  # chat: how the thinker picks tokens (None: greedy)
+    # speech out: how the talker picks codes (None: the checkpoint's own sampling, unseeded)
+    speech_sampling: Sampling | None = None
     stop: tuple[str, ...] = ()  # chat: texts that end the reply (cut before them)
     logprobs: int | None = None  # chat: None, or the alternatives per token (top_logprobs)
     grammar: Grammar | None = None  # chat: the response_format the reply must fit
     tools: list[dict] | None = None  # chat: the functions the prompt offers (worker.api.tools)
+    speech: SpeechOptions | None = None  # speech on Qwen3-TTS: language, instructions, clone
+    transcription: TranscriptionOptions | None = None  # transcription on Qwen3-ASR
 
 
 AUDIO_INPUT_RATE = 16_000  # Hz, what encoders consume
@@ -69,6 +91,23 @@ class AudioChunk:
 
 
 @dataclass(slots=True)
+class ClipStart:
+    """A transcription's next clip (Qwen3-ASR cuts long audio near pauses): the language the
+    model wrote for it and where it lies in the audio, in seconds; its text follows."""
+
+    language: str
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class WordTimings:
+    """The forced aligner's word timestamps of a transcription: (word, start, end) in seconds."""
+
+    words: list[tuple[str, float, float]]
+
+
+@dataclass(slots=True)
 class Finished:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int = 0
@@ -76,7 +115,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
 
-Event = TextDelta | AudioChunk | Finished
+Event = TextDelta | AudioChunk | ClipStart | WordTimings | Finished
 
 
 class StageFailed(Exception):
@@ -118,6 +157,11 @@ class Engine(Protocol):
 
     def speakers(self) -> list[str]:
         """Built-in voice names."""
+
+    def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
+        """The autoregressive stages that a request for ``outputs`` waits in, each with the
+        requests it takes at once over every replica (running and queued, as the spec and the
+        plan say): admission refuses one more."""
 
     async def stop(self) -> None:
         """Stop every stage process (in-flight requests are the caller's to drain first)."""

@@ -21,6 +21,7 @@ from fleet.records import WorkerStatus
 
 class Route(StrEnum):
     CHAT = "chat"
+    COMPLETIONS = "completions"
     SPEECH = "speech"
     TRANSCRIPTION = "transcription"
     VOICES = "voices"

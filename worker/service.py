@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +18,9 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
-from worker.engine import Engine
+from worker.engine import Engine, RequestKind, outputs_of
 from worker.metrics import WorkerMetrics
+from worker.models.registry import Family, family_of
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ _LATENCY_SAMPLES = 64
 
 # The endpoints this worker has routes for. A spec may list more (Qwen3-Omni's lists realtime);
 # advertising those would send clients to a worker that answers 404.
-SERVED_ENDPOINTS = ("chat", "speech", "transcription", "voices", "realtime")
+SERVED_ENDPOINTS = ("chat", "completions", "speech", "transcription", "voices", "realtime")
 
 
 def capabilities_of(spec: ModelSpec) -> Capabilities:
@@ -80,6 +80,7 @@ class Ticket:
     """One admitted request; ``release`` is idempotent so every exit path may call it."""
 
     service: WorkerService
+    stages: dict[str, int] = field(default_factory=dict)  # stage -> the engine requests it holds
     started: float = field(default_factory=time.monotonic)
     first_text: bool = False
     first_audio: bool = False
@@ -102,7 +103,7 @@ class Ticket:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.service._release()
+            self.service._release(self)
 
 
 class WorkerService:
@@ -125,6 +126,7 @@ class WorkerService:
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
         self.in_flight = 0
+        self.waiting: Counter[str] = Counter()  # stage -> admitted engine requests it holds
         self.ttft = _Latencies()
         self.ttfa = _Latencies()
         self._sessions: dict[str, float] = {}
@@ -132,15 +134,14 @@ class WorkerService:
         self.created = int(time.time())
 
     @functools.cached_property
-    def model_type(self) -> str | None:
-        """The served checkpoint's ``model_type`` (its config.json), None when not known: the
-        speech and transcription APIs speak each family's own options."""
+    def family(self) -> Family | None:
+        """The served checkpoint's model family (None: a plain model, or not known): what the
+        speech and transcription endpoints speak beyond the common surface."""
         spec_path = getattr(self.engine, "spec_path", None)
         if spec_path is None:
             return None
         try:
-            config = resolve_model_dir(self.spec, spec_path) / "config.json"
-            return json.loads(config.read_text()).get("model_type")
+            return family_of(resolve_model_dir(self.spec, spec_path))
         except (OSError, ValueError):
             return None
 
@@ -165,7 +166,17 @@ class WorkerService:
             )
         return model
 
-    def admit(self, session_id: str | None = None) -> Ticket:
+    def admit(
+        self,
+        session_id: str | None,
+        kind: RequestKind,
+        *,
+        output_audio: bool = False,
+        requests: int = 1,
+    ) -> Ticket:
+        """A ticket for ``requests`` engine requests of ``kind`` (the n choices of a chat, the
+        items of a batch), or a 503 naming what is full: the worker (``capacity``) or a stage
+        (its spec's running plus queued requests)."""
         if self.status == WorkerStatus.DRAINING:
             raise OmniError(503, ErrorCode.DRAINING, "worker is draining; retry on another")
         if self.status == WorkerStatus.STARTING:
@@ -179,15 +190,29 @@ class WorkerService:
             raise OmniError(
                 503, ErrorCode.OVERLOADED, f"worker is at capacity ({self.settings.capacity})"
             )
+        limits = self.engine.stage_limits(outputs_of(kind, output_audio))
+        for stage, limit in limits.items():
+            if self.waiting[stage] + requests > limit:
+                raise OmniError(
+                    503,
+                    ErrorCode.OVERLOADED,
+                    f"stage {stage} is full: {self.waiting[stage]} requests running or queued "
+                    f"of {limit} (max_running_requests + max_queued_requests); retry on another "
+                    "worker",
+                )
         if session_id:
             self._sessions[session_id] = time.monotonic()
         self.in_flight += 1
         self.metrics.in_flight.set(self.in_flight)
-        return Ticket(self)
+        for stage in limits:
+            self.waiting[stage] += requests
+        return Ticket(self, dict.fromkeys(limits, requests))
 
-    def _release(self) -> None:
+    def _release(self, ticket: Ticket) -> None:
         self.in_flight -= 1
         self.metrics.in_flight.set(self.in_flight)
+        for stage, n in ticket.stages.items():
+            self.waiting[stage] -= n
 
     def active_sessions(self) -> int:
         """Sessions seen within the window, and every open realtime session."""

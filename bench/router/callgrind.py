@@ -37,6 +37,22 @@ BODIES = {
         b'{"model":"fake-model","messages":[{"role":"user","content":"Say hello."}],'
         b'"max_tokens":16}',
     ),
+    # the shared harness's chat body: a ~0.6 KB prompt (three blocks for the cache-aware policy)
+    "chat-600": (
+        "/v1/chat/completions",
+        b'{"model":"fake-model","max_tokens":16,"messages":[{"role":"user","content":"Session '
+        b"0001 asks: "
+        + b"You are helping with a routing benchmark. Please answer the following question in "
+        b"a couple of sentences, and keep the answer concise and polite. The question concerns "
+        b"the scheduling of inference requests across several accelerator workers behind an "
+        b"HTTP load balancer. " * 2 + b'"}]}',
+    ),
+    # 20 SSE events (the shared fake worker's default), chunked
+    "stream": (
+        "/v1/chat/completions",
+        b'{"model":"fake-model","messages":[{"role":"user","content":"Say hello."}],'
+        b'"max_tokens":16,"stream":true}',
+    ),
     "speech": (
         "/v1/audio/speech",
         b'{"model":"fake-model","input":"Say hello.","voice":"alloy","response_format":"wav"}',

@@ -30,6 +30,28 @@ _PLAIN_CONNECTION_AS_SENT = _PLAIN_CONNECTION | {b"Keep-Alive", b"Close"}  # no 
 # A length-delimited body with at least this much in the read that carries its head is relayed
 # as it comes (no parser pass, no copy); smaller bodies take the parser's path.
 RAW_MIN = 16384
+READ_BUFFER = 262144  # what one read from a worker takes at most (uvloop's own read size)
+
+
+class _ReadBuffer:
+    """The one buffer that every worker connection of this process reads into (asyncio's
+    BufferedProtocol): the kernel writes a response straight into it and each read is handled
+    before the next, so no read makes a bytes object (a copy of up to 256 KiB per read,
+    most of what a large body cost). A slice handed to a client transport that could not
+    send it all at once stays referenced there (uvloop keeps the memoryview), so the buffer
+    is then replaced, and the old one lives until that write is done."""
+
+    __slots__ = ("array", "view")
+
+    def __init__(self) -> None:
+        self.replace()
+
+    def replace(self) -> None:
+        self.array = bytearray(READ_BUFFER)
+        self.view = memoryview(self.array)
+
+
+_READ = _ReadBuffer()
 _NO_BODY_STATUS = frozenset({204, 304})
 # why a connection is dropped whose worker left the fleet (its heartbeat lapsed): a request
 # still waiting for its answer is resent, a stream part way resumes elsewhere
@@ -50,7 +72,7 @@ class Downstream(Protocol):
 
     def upstream_done(self, conn: Upstream, status: int, interrupted: str | None) -> None: ...
     def upstream_failed(self, conn: Upstream, reason: str) -> None: ...
-    def upstream_refused(self, conn: Upstream) -> None: ...
+    def upstream_refused(self, conn: Upstream, code: bytes) -> None: ...
     def upstream_reset(self, conn: Upstream) -> None: ...
     def upstream_broke(self, conn: Upstream, reason: str) -> bool: ...
     def stream_resumed(self, conn: Resumed) -> None: ...
@@ -63,7 +85,7 @@ class ConnectionPool(Protocol):
     def discard(self, conn: Upstream) -> None: ...
 
 
-class Upstream(asyncio.Protocol):
+class Upstream(asyncio.BufferedProtocol):
     diverged = False  # (a Resumed relay's replay that was not the same stream)
     __slots__ = (
         "answered",
@@ -112,7 +134,9 @@ class Upstream(asyncio.Protocol):
         self.last_activity = 0.0
         self.fail_reason = ""
         self.paused = False  # reading paused for a slow client
-        self.refused = False  # a draining worker's 503 that is swallowed: the request moves on
+        # the code of a 503 that is swallowed (a draining or full worker refused before doing
+        # anything): the request moves on; b"": none
+        self.refused = b""
         self.answered = False  # some byte of a response to the current request came back
         # bytes of a length-delimited body still to relay unparsed; 0 whenever an exchange
         # ends (the body relayed whole, or the connection closed, never pooled)
@@ -124,23 +148,26 @@ class Upstream(asyncio.Protocol):
         self.transport = transport
         self.sock = peek_socket(transport)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = _READ.view[:nbytes]
         if self.state == WAITING:
             self.answered = True
-            if len(data) > RAW_MIN:
+            if nbytes > RAW_MIN:
                 # a head followed by a large body in one read: parse the head alone, then
                 # relay a length-delimited body without copying it through the parser
-                end = data.find(b"\r\n\r\n") + 4
-                if end >= 4 and len(data) - end >= RAW_MIN:
-                    view = memoryview(data)
-                    if not self._feed(view[:end]):
+                end = _READ.array.find(b"\r\n\r\n", 0, nbytes) + 4
+                if end >= 4 and nbytes - end >= RAW_MIN:
+                    if not self._feed(data[:end]):
                         return
                     length = self._raw_body_length()
                     if length:
                         self.raw_left = length
-                        self._relay_raw(view[end:])
+                        self._relay_raw(data[end:])
                         return
-                    data = view[end:]  # type: ignore[assignment]
+                    data = data[end:]
         elif self.raw_left:
             self._relay_raw(data)
             return
@@ -185,8 +212,9 @@ class Upstream(asyncio.Protocol):
             return False
         return True
 
-    def _relay_raw(self, data: bytes | memoryview) -> None:
-        """Part of a length-delimited body: straight to the client, head first if unsent."""
+    def _relay_raw(self, data: memoryview) -> None:
+        """Part of a length-delimited body: straight to the client, head first if unsent (a
+        slice of the read buffer, which is replaced if the client's transport keeps it)."""
         left = self.raw_left
         overrun = len(data) > left  # bytes past the body: the worker broke its framing
         if overrun:
@@ -195,11 +223,14 @@ class Upstream(asyncio.Protocol):
         self.last_activity = time.monotonic()
         client = self.client
         if client is not None:
+            transport = client.transport
             if self.head is not None:
-                client.transport.writelines((self.head, data))
+                transport.writelines((self.head, data))
                 self.head = None
             else:
-                client.transport.write(data)
+                transport.write(data)
+            if transport.get_write_buffer_size():
+                _READ.replace()
         if self.raw_left == 0:
             if overrun:
                 self.close()  # never pooled: its framing is lost
@@ -217,9 +248,9 @@ class Upstream(asyncio.Protocol):
             return
         self.client = None
         if self.refused:
-            self.refused = False
+            code, self.refused = self.refused, b""
             self.state = IDLE
-            client.upstream_refused(self)
+            client.upstream_refused(self, code)
             return
         if self.state == WAITING:
             self.state = IDLE
@@ -307,10 +338,11 @@ class Upstream(asyncio.Protocol):
             return
         status = self.parser.get_status_code()
         self.status = status
-        if status == 503 and _refused_by_draining(self.headers, client):
-            self.refused = True
-            self.state = BODY
-            return
+        if status == 503:
+            self.refused = _refusal(self.headers, client)
+            if self.refused:
+                self.state = BODY
+                return
         parts = [status_line(status)]
         length: bytes | None = None
         connection: list[bytes] | None = None
@@ -385,11 +417,11 @@ class Upstream(asyncio.Protocol):
         # it: the remainder would be parsed as the next request on a pooled connection
         keep = self.parser.should_keep_alive() and not client.uploading
         self.client = None
-        if self.refused:  # the worker is draining: no point in pooling its connection
-            self.refused = False
+        if self.refused:  # (a draining worker's connection is not worth pooling)
+            code, self.refused = self.refused, b""
             self.state = IDLE
             self.close()
-            client.upstream_refused(self)
+            client.upstream_refused(self, code)
             return
         self._finish(client)
         if keep and not self.closed:
@@ -505,10 +537,14 @@ class Resumed(Upstream):
         self.close()
 
 
-def _refused_by_draining(headers: list[tuple[bytes, bytes]], client: Downstream) -> bool:
-    """A worker that began draining after it was chosen refuses with 503 ``draining`` before it
-    does anything: the request can go elsewhere, if the router still holds all of it."""
+def _refusal(headers: list[tuple[bytes, bytes]], client: Downstream) -> bytes:
+    """A worker refuses with 503 ``draining`` (it began draining after it was chosen) or
+    ``overloaded`` (one of its stages is full) before it does anything: the request can go
+    elsewhere, if the router still holds all of it. The refusal's code, or b"" to relay it."""
     dispatch = client.dispatch
     if dispatch is None or not dispatch.retryable:
-        return False
-    return any(n.lower() == b"x-omni-error-code" and v == b"draining" for n, v in headers)
+        return b""
+    for n, v in headers:
+        if n.lower() == b"x-omni-error-code":
+            return v if v in (b"draining", b"overloaded") else b""
+    return b""

@@ -58,6 +58,7 @@ class State:
         self.status = WorkerStatus.STARTING
         self.store: FleetStore | None = None
         self.record: WorkerRecord | None = None
+        self.started_at = time.time()  # this process's incarnation, in every record it writes
         self.ws_messages = 0
         self.id_log = open(args.id_log, "a") if args.id_log else None  # noqa: SIM115
 
@@ -358,7 +359,9 @@ def make_record(s: State) -> WorkerRecord:
         ),
         voices=a.voices,
         capacity=a.capacity,
+        prefix_cache_tokens=a.prefix_cache_tokens,
         status=s.status,
+        started_at=s.started_at,
     )
 
 
@@ -434,6 +437,7 @@ def main() -> None:
         "--replayable", action="store_true", help="stream events made from the request id only"
     )
     p.add_argument("--capacity", type=int, default=64)
+    p.add_argument("--prefix-cache-tokens", type=int, default=0, help="reported prefix cache")
     p.add_argument(
         "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]
     )

@@ -48,6 +48,9 @@ def _spec_for(model: str, tmp: Path) -> Path:
     return path
 
 
+NO_MEDIA_STATES = ("--thinker.engine.media_state_bytes", "1")
+
+
 @dataclass
 class Served:
     worker: WorkerProcess
@@ -56,19 +59,23 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Served]]:
-    """One worker per tiny checkpoint for the whole module (started on first use)."""
-    running: dict[str, Served] = {}
+    """One worker per tiny checkpoint (and spec overrides) for the whole module (started on
+    first use)."""
+    running: dict[tuple[str, ...], Served] = {}
 
-    def get(model: str) -> Served:
-        if model not in running:
+    def get(model: str, *overrides: str) -> Served:
+        key = (model, *overrides)
+        if key not in running:
             tmp = tmp_path_factory.mktemp(model)
             cache = tmp / "cache"
             spec = _spec_for(model, tmp)
-            worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(cache))
+            worker = WorkerProcess(
+                "--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(cache), *overrides
+            )
             worker.wait_ready(timeout=240)
             (checkpoint,) = [p for p in cache.iterdir() if p.name.startswith("tiny-omni")]
-            running[model] = Served(worker, checkpoint)
-        return running[model]
+            running[key] = Served(worker, checkpoint)
+        return running[key]
 
     yield get
     for s in running.values():
@@ -76,10 +83,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str],
         s.worker.wait_exit(60)
 
 
-def _input_audio() -> tuple[bytes, np.ndarray]:
-    """One second of a chirp as 16-bit WAV, and the float samples the worker decodes from it."""
+def _input_audio(low: float = 200.0) -> tuple[bytes, np.ndarray]:
+    """One second of a chirp from ``low`` Hz as 16-bit WAV, and the float samples the worker
+    decodes from it."""
     t = np.arange(16_000) / 16_000
-    pcm = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) * 32767).astype(np.int16)
+    pcm = (0.3 * np.sin(2 * np.pi * (low + 300 * t) * t) * 32767).astype(np.int16)
     buf = io.BytesIO()
     sf.write(buf, pcm, 16_000, format="WAV", subtype="PCM_16")
     return buf.getvalue(), pcm.astype(np.float32) / 32768.0
@@ -122,28 +130,36 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     pcm: np.ndarray | None  # int16 at 24 kHz when speech was asked for
+    cached_tokens: int = 0  # (the worker's: prompt tokens its prefix cache served)
 
 
 def _ask(worker: WorkerProcess, parts: list[dict], speech: bool) -> Reply:
-    """One greedy chat request over HTTP; ``parts`` in the OpenAI content-part shape."""
+    """One greedy chat request over HTTP (``temperature: 0``: the talker greedy too, as the
+    reference's ``talker_do_sample=False``); ``parts`` in the OpenAI content-part shape."""
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}]
     return _ask_messages(worker, messages, speech)
 
 
 def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> Reply:
-    body: dict = {"model": "tiny-omni", "messages": messages, "max_tokens": MAX_TOKENS}
+    body: dict = {
+        "model": "tiny-omni",
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
     if speech:
         body |= {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
     r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
     assert r.status_code == 200, r.text
     reply = r.json()
     message, usage = reply["choices"][0]["message"], reply["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    counts = (usage["prompt_tokens"], usage["completion_tokens"])
     if not speech:
-        return Reply(message["content"], usage["prompt_tokens"], usage["completion_tokens"], None)
+        return Reply(message["content"], *counts, None, cached)
     pcm, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])), dtype="int16")
     assert rate == 24_000
-    transcript = message["audio"]["transcript"]
-    return Reply(transcript, usage["prompt_tokens"], usage["completion_tokens"], pcm)
+    return Reply(message["audio"]["transcript"], *counts, pcm, cached)
 
 
 def _audio_part(wav: bytes) -> dict:
@@ -366,6 +382,54 @@ def test_multi_turn_media_stay_in_their_turns_and_order(served) -> None:
     again = {"role": "user", "content": "Say it again."}
     spoken = _ask_messages(tiny.worker, [*http[:3], again], speech=True)
     _assert_equal(spoken, _reference_messages(tiny.checkpoint, [*processor[:3], again], True))
+
+
+def test_a_spoken_reply_reuses_the_cached_prefix_of_a_text_conversation(served) -> None:
+    """A spoken reply to a text conversation computes only what the prefix cache does not
+    hold (the talker reads text positions by their embeddings, not the thinker's hidden
+    states), and still equals transformers' generate."""
+    tiny = served("tiny-omni")
+    conversation = [
+        {"role": "system", "content": "You are a helpful assistant who answers in one line."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Say it again, louder."},
+    ]
+    warm = _ask_messages(tiny.worker, conversation, speech=False)
+    spoken = _ask_messages(tiny.worker, conversation, speech=True)
+    assert spoken.cached_tokens >= warm.prompt_tokens - 2, (warm, spoken.cached_tokens)
+    _assert_equal(spoken, _reference_messages(tiny.checkpoint, conversation, True))
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_spoken_voice_conversation_reuses_its_cached_clip(served, kept: bool) -> None:
+    """A voice conversation, spoken both ways: the second turn's prompt holds the first
+    turn's clip, served from the prefix cache with the hidden states kept of the first turn
+    (the talker reads a clip by them: media_states), and equals transformers' generate. With
+    no room to keep them (``media_state_bytes`` 1) the second turn finds them gone and is
+    computed again whole: equal too. A text reply's prefix never serves a spoken one's clip
+    (it kept no states)."""
+    tiny = served("tiny-omni") if kept else served("tiny-omni", *NO_MEDIA_STATES)
+    wav, audio = _input_audio(low=230.0)  # (a clip of its own: the worker serves other tests)
+    from worker.models.qwen3_omni.processor import OmniProcessor
+
+    words = {"type": "text", "text": "Listen:"}
+    first = [{"role": "user", "content": [words, _audio_part(wav)]}]
+    as_processed = [{"role": "user", "content": [words, {"type": "audio", "audio": audio}]}]
+    ids = OmniProcessor(tiny.checkpoint).prepare(as_processed).input_ids
+    config = json.loads((tiny.checkpoint / "config.json").read_text())
+    clip_at = ids.index(config["thinker_config"]["audio_token_id"])
+    _ask_messages(tiny.worker, first, speech=False)
+    one = _ask_messages(tiny.worker, first, speech=True)
+    assert one.cached_tokens <= clip_at  # (the text before the clip may be another's)
+    second = [*first, {"role": "assistant", "content": one.text},
+              {"role": "user", "content": "Say it again."}]  # fmt: skip
+    two = _ask_messages(tiny.worker, second, speech=True)
+    if kept:
+        assert two.cached_tokens >= one.prompt_tokens - 2, (one, two.cached_tokens)
+    else:
+        assert two.cached_tokens == 0
+    _assert_equal(two, _reference_messages(tiny.checkpoint, [*as_processed, *second[1:]], True))
 
 
 # (the last: the project's own torch engine under the thinker, backend transformers)

@@ -14,8 +14,8 @@ import yaml
 
 from planner.spec import ModelSpec
 from worker.models.checkpoint import resolve_checkpoint
+from worker.models.registry import make_executor
 from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta, StageContext
-from worker.stages.registry import make_executor
 from worker.stages.sampling import Sampling
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
@@ -116,6 +116,32 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
     assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)
 
 
+# each engine's greedy tokens under each penalty (the second engine's test compares)
+_PENALIZED: dict[str, dict[str, list[int]]] = {}
+
+
+def test_penalties_change_the_greedy_reply_alike_on_both_engines(thinker) -> None:
+    """Frequency, presence and repetition penalties each change what a random model repeats,
+    and SGLang's sampler gives the same tokens as the project's (whose processors are tested
+    against transformers' in tests/test_sampling.py): the repetition penalty counts the prompt
+    too, as transformers and vLLM count it."""
+    text = frozenset({"text"})
+    greedy = [t for c in run(thinker, "p", RequestMeta("chat", text, 24)) for t in c["tokens"]]
+    assert len(set(greedy)) < len(greedy), greedy  # the random model repeats itself
+    penalized = {}
+    for name, sampling in (
+        ("frequency", Sampling(frequency_penalty=1.5)),
+        ("presence", Sampling(presence_penalty=1.5)),
+        ("repetition", Sampling(repetition_penalty=1.8)),
+    ):
+        meta = RequestMeta("chat", text, 24, sampling=sampling)
+        penalized[name] = [t for c in run(thinker, name, meta) for t in c["tokens"]]
+        assert penalized[name] != greedy, name
+    _PENALIZED[thinker.ctx.stage.engine.backend.value] = penalized
+    if len(_PENALIZED) == 2:
+        assert _PENALIZED["sglang"] == _PENALIZED["transformers"]
+
+
 # SGLang's scheduler only: the torch engine has no prefix cache and no chunks
 sglang_only = pytest.mark.parametrize("thinker", ["sglang"], indirect=True)
 
@@ -123,8 +149,9 @@ sglang_only = pytest.mark.parametrize("thinker", ["sglang"], indirect=True)
 @sglang_only
 def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     """The radix cache: a prompt that starts as an earlier one did computes only what is new,
-    and says how much it reused (decode and usage get ``cached_tokens``); a prompt a talker
-    needs is computed whole (its hidden states go to the talker)."""
+    and says how much it reused (decode and usage get ``cached_tokens``); so does a text prompt
+    that a talker needs (it reads text positions by their embeddings), every position still
+    given to the talker."""
     meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
     first = prompt(60, first=60)
     thinker.start("p1", meta, first)
@@ -142,7 +169,7 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     thinker.start("p3", spoken, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
     outs = drain(thinker)
     head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p3")
-    assert head["cached_tokens"] == 0
+    assert head["cached_tokens"] == 52  # (all but the last: its logits start the reply)
     assert head["prompt_hidden"].shape[0] == head["prompt_embed"].shape[0] == 53
 
 

@@ -61,7 +61,7 @@ def _error(r: httpx.Response, status: int, code: str) -> dict:
 
 
 def test_formats_speed_stream_and_batch(cv: WorkerProcess) -> None:
-    body = {"input": "hello there", "voice": "vivian"}
+    body = {"input": "hello there", "voice": "vivian", "seed": 5}  # (sampled: one seed)
     pcm = _post(cv, {**body, "response_format": "pcm"}).content
     samples = np.frombuffer(pcm, "<i2")
     assert samples.size == FRAMES * 1920
@@ -104,7 +104,7 @@ def test_formats_speed_stream_and_batch(cv: WorkerProcess) -> None:
 
     batch = _post(
         cv,
-        {"voice": "ryan", "response_format": "pcm",
+        {"voice": "ryan", "response_format": "pcm", "seed": 5,
          "inputs": [{"input": "hello there", "voice": "vivian"}, {"input": "second one"}]},
         "/v1/audio/speech/batch",
     )  # fmt: skip
@@ -112,11 +112,37 @@ def test_formats_speed_stream_and_batch(cv: WorkerProcess) -> None:
     items = batch.json()["data"]
     assert [i["index"] for i in items] == [0, 1]
     assert base64.b64decode(items[0]["audio"]) == pcm
-    one = _post(cv, {"input": "second one", "voice": "ryan", "response_format": "pcm"}).content
-    assert base64.b64decode(items[1]["audio"]) == one
+    # item i draws with seed + i
+    one = {"input": "second one", "voice": "ryan", "response_format": "pcm", "seed": 6}
+    assert base64.b64decode(items[1]["audio"]) == _post(cv, one).content
     # the language and the speaker change the audio
     de = _post(cv, {**body, "language": "German", "response_format": "pcm"}).content
     assert de != pcm and len(de) == len(pcm)
+
+
+def test_speech_is_sampled_as_the_checkpoint_says_and_a_seed_repeats_it(cv: WorkerProcess) -> None:
+    """The tiny CustomVoice checkpoint samples (its generation_config: do_sample, temperature
+    0.9, top-k 50, for the talker and the sub-talker): the same seed gives the same bytes, other
+    seeds other audio; ``temperature: 0`` is greedy (the same bytes whatever the seed); the
+    request's fields are honoured (a low temperature is not the default's audio)."""
+
+    def say(**kw: object) -> bytes:
+        body = {"input": "hello there", "voice": "vivian", "response_format": "pcm", **kw}
+        r = _post(cv, body)
+        assert r.status_code == 200, r.text
+        return r.content
+
+    seeded = say(seed=1)
+    assert say(seed=1) == seeded
+    assert len({seeded, say(seed=2), say(seed=3)}) == 3
+    greedy = say(temperature=0, seed=1)
+    assert greedy == say(temperature=0, seed=2) and greedy != seeded
+    assert say(seed=1, temperature=0.3) != seeded
+    assert say(seed=1, top_k=3) != seeded
+    err = _error(
+        _post(cv, {"input": "x", "voice": "vivian", "temperature": 3}), 400, "invalid_request"
+    )
+    assert "temperature" in (err.get("param") or err["message"])
 
 
 def test_bad_speech_inputs(cv: WorkerProcess) -> None:

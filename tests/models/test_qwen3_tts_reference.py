@@ -90,9 +90,10 @@ def _ours(checkpoint: Path):
     from transformers import AutoTokenizer
 
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-    from worker.models.qwen3_tts.engine import PromptBuilder, load_model
+    from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling, load_model
     from worker.models.qwen3_tts.weights import load_into
     from worker.stages.generation_config import read_generation_config
+    from worker.stages.sampling import Sampling
 
     model = load_model(checkpoint)
     builder = PromptBuilder(model, AutoTokenizer.from_pretrained(checkpoint))
@@ -100,7 +101,11 @@ def _ours(checkpoint: Path):
     st = SpeechTokenizer(cfg, with_encoder=True)
     load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
     load_into(st.encoder, checkpoint / "speech_tokenizer", prefix="encoder.", rename=mimi_name)
-    return torch, model, builder, st, read_generation_config(checkpoint)
+    # greedy, as the official runs compared here decode (with the checkpoint's penalty)
+    greedy = checkpoint_sampling(read_generation_config(checkpoint)).with_request(
+        Sampling(temperature=0)
+    )
+    return torch, model, builder, st, greedy
 
 
 @pytest.mark.parametrize("name", CV)
@@ -159,7 +164,8 @@ def test_voice_clone_codes_and_waveform_equal_official(name: str, official: dict
 
 
 def _speech(worker: WorkerProcess, model: str, body: dict) -> np.ndarray:
-    body = {"model": model, "response_format": "pcm", **body}
+    """The worker's greedy speech (``temperature: 0``, as the official runs compared)."""
+    body = {"model": model, "response_format": "pcm", "temperature": 0, **body}
     r = httpx.post(worker.url + "/v1/audio/speech", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return np.frombuffer(r.content, dtype="<i2")

@@ -16,9 +16,12 @@ import pytest
 import yaml
 
 from planner.spec import ModelSpec
+from tests.models.tts_stages import load_stages, step
 from worker.models.checkpoint import resolve_checkpoint
-from worker.stages.base import DONE, FINAL, OUT, RequestMeta, StageContext
-from worker.stages.registry import make_executor
+from worker.models.registry import make_executor
+from worker.stages.base import FINAL, REQUEST_INPUT, RequestMeta, StageContext
+from worker.stages.request import RequestInput, SpeechOptions
+from worker.stages.sampling import Sampling
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts-base.yaml"
@@ -27,14 +30,7 @@ MAX_NEW = 6
 
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory) -> dict:
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
-    ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("tts-base"), log=lambda _: None)
-    out = {}
-    for name in ("preprocessing", "tts_engine", "vocoder"):
-        ex = make_executor(StageContext(name, spec, spec.stages[name], ck, "cpu", 4))
-        ex.load()
-        out[name] = ex
-    return out
+    return load_stages(SPEC, tmp_path_factory.mktemp("tts-base"))
 
 
 def _voice(seed: int) -> np.ndarray:
@@ -46,30 +42,19 @@ def _voice(seed: int) -> np.ndarray:
 def _speak(stages: dict, rid: str, wav: np.ndarray, key: str | None) -> bytes:
     """One speech request through preprocessing -> tts_engine => vocoder; its pcm16 bytes."""
     pre, talker, vocoder = stages["preprocessing"], stages["tts_engine"], stages["vocoder"]
-    meta = RequestMeta("speech", frozenset({"audio"}))
-    opts = {"role": "tts_options", "ref_text": "what the voice says"}
-    if key:
-        opts["voice_key"] = key
-    req = {"kind": "speech", "text": "cloned", "voice": "v", "voice_audio": wav,
-           "messages": [opts]}  # fmt: skip
-    pre.start(rid, meta, {"request": req})
+    # (one seed: the cached and uncached runs draw alike)
+    meta = RequestMeta("speech", frozenset({"audio"}), speech_sampling=Sampling(seed=3))
+    opts = SpeechOptions(ref_text="what the voice says", voice_key=key)
+    req = RequestInput("speech", text="cloned", voice="v", voice_audio=wav, speech=opts)
+    pre.start(rid, meta, {REQUEST_INPUT: req})
     ((kind, _, payload),) = pre.step()
     assert kind == FINAL, payload
     payload["max_new"] = MAX_NEW
     talker.start(rid, meta, {"preprocessing": payload})
     vocoder.start(rid, meta, {})
-    pcm, done = [], False
-    while not done:
-        for kind, _, data in talker.step():
-            if kind == "chunk":
-                vocoder.feed(rid, "tts_engine", data)
-            elif kind == "end":
-                vocoder.end_stream(rid, "tts_engine", data)
-        while vocoder.next_deadline() is not None:
-            for kind, _, data in vocoder.step():
-                if kind == OUT:
-                    pcm.append(data[1].tobytes())
-                done |= kind == DONE
+    pcm: list[bytes] = []
+    while not step(stages, rid, pcm)[1]:
+        pass
     return b"".join(pcm)
 
 

@@ -21,8 +21,8 @@ import yaml
 
 from planner.spec import ModelSpec
 from worker.models.checkpoint import resolve_checkpoint
+from worker.models.registry import make_executor
 from worker.stages.base import DONE, OUT, RequestMeta, StageContext
-from worker.stages.registry import make_executor
 from worker.stages.vocoder_blocks import Blocks, BlockStream
 
 REPO = Path(__file__).resolve().parents[2]

@@ -44,6 +44,9 @@ WORKER_ARGS = (
 )  # fmt: skip
 # --affinity-bound 1000 switches bounded-load migration off: every session move the suite
 # sees is then one that the scenario's fault caused (migration has its own router tests).
+# A hung worker's streams show within the 6 s idle timeout and its waiting requests are taken
+# over once its record expires; the header timeout is longer, because a whole WAV from a
+# healthy worker that takes a hung one's share can take more than 6 s on two busy cores.
 ROUTER_ARGS = (
     "--fleet", FLEET,
     "--probe-interval-s", "0.5",
@@ -51,7 +54,7 @@ ROUTER_ARGS = (
     "--unhealthy-after", "2",
     "--breaker-failures", "3",
     "--breaker-open-s", "2",
-    "--headers-timeout-s", "6",
+    "--headers-timeout-s", "20",
     "--idle-timeout-s", "6",
     "--resync-interval-s", "0.5",
     "--affinity-bound", "1000",

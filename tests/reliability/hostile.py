@@ -85,14 +85,20 @@ class RawWorker:
 
     ``/health`` is always answered 200. Other requests: ``reset`` -> the connection is reset
     (RST) right after the request head arrives; otherwise a 200 JSON answer with
-    ``extra_headers``. Every non-health request head is kept in ``heads``."""
+    ``extra_headers``. Every non-health request head is kept in ``heads``. ``varying``: each
+    answer is ``body``'s length of one byte value of its own (1, 2, ... in order)."""
 
     def __init__(
-        self, reset: bool = False, extra_headers: bytes = b"", body: bytes | None = None
+        self,
+        reset: bool = False,
+        extra_headers: bytes = b"",
+        body: bytes | None = None,
+        varying: bool = False,
     ) -> None:
         import threading
 
         self.reset = reset
+        self.varying = varying
         self.extra_headers = extra_headers
         self.body = body or b'{"choices": [{"message": {"content": "raw"}}]}'
         self.heads: list[bytes] = []
@@ -148,6 +154,8 @@ class RawWorker:
                     buf += piece
                 buf = buf[length:]
                 body = self.body
+                if self.varying:
+                    body = bytes([len(self.heads) % 255]) * len(body)  # (1 for the first)
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n%b\r\n%b" % (len(body), self.extra_headers, body)

@@ -85,7 +85,12 @@ def _body(kind: str, rng: random.Random, session: str | None) -> tuple[str, dict
             body["stream"] = True
         path = "/v1/chat/completions"
     else:
-        body = {"model": MODEL, "input": words, "voice": VOICE, "response_format": "wav"}
+        # greedy: sampled, the tiny talker's random weights may end a reply at its first code
+        # (no audio at all), which this load could not tell from a lost stream
+        body = {
+            "model": MODEL, "input": words, "voice": VOICE, "response_format": "wav",
+            "temperature": 0,
+        }  # fmt: skip
         if kind == "speech_stream":
             body |= {"response_format": "pcm", "stream": True}
         path = "/v1/audio/speech"

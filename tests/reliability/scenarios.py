@@ -211,9 +211,9 @@ def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
     pinned = next(k for k, v in before.items() if v == victim)
     resumed_before = failover.resumed(fleet)
     watched = failover.references(fleet, pinned)
-    # (10 a second: on these 2 cores the two remaining workers take the hung one's share, its
+    # (8 a second: on these 2 cores the two remaining workers take the hung one's share, its
     # streams' replays included, and a burst over their capacity times out anywhere)
-    load = Load(fleet.router_urls, fleet.auth, n=200, rate=10, seed=seed)
+    load = Load(fleet.router_urls, fleet.auth, n=160, rate=8, seed=seed)
     load.start()
     load.wait_done(30)
     stopped, streams_ended = failover.watch_through(

@@ -1,10 +1,13 @@
 """Found by scenario 2: a request that reaches a worker in the moment between its SIGTERM and the
 router learning of the drain is refused with 503 ``draining`` (nothing was done). The router
 resends such a request to another worker; a streamed upload, which it no longer holds, gets the
-503 itself. Pinned here with one always-draining HTTP server and one fake worker."""
+503 itself. A worker whose stage is full (503 ``overloaded``) is treated alike; with no worker
+left the client gets 429 ``overloaded``. Pinned here with one always-refusing HTTP server and
+one fake worker."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +22,7 @@ from tests.fakes.procs import FakeWorker, Router
 class Draining(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     hits = 0
+    code = "draining"
 
     def do_GET(self) -> None:
         self._answer(200, b'{"status":"alive"}', health=True)
@@ -32,15 +36,15 @@ class Draining(BaseHTTPRequestHandler):
                 self.rfile.read(size + 2)
             self.rfile.readline()
         Draining.hits += 1
-        body = b'{"error":{"message":"worker is draining","type":"server_error","code":"draining"}}'
-        self._answer(503, body)
+        error = {"message": f"refused: {self.code}", "type": "server_error", "code": self.code}
+        self._answer(503, json.dumps({"error": error}).encode())
 
     def _answer(self, status: int, body: bytes, health: bool = False) -> None:
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         if not health:
-            self.send_header("x-omni-error-code", "draining")
+            self.send_header("x-omni-error-code", self.code)
         self.end_headers()
         self.wfile.write(body)
 
@@ -58,11 +62,12 @@ def draining() -> Iterator[str]:
     server.server_close()
 
 
-def test_draining_refusal_is_resent_to_another_worker(draining: str) -> None:
+@pytest.mark.parametrize("code", ["draining", "overloaded"])
+def test_a_refusal_is_resent_to_another_worker(draining: str, code: str) -> None:
     good = FakeWorker("good")
     router = Router("--worker", draining, "--worker", good.url, "--policy", "round_robin")
     try:
-        Draining.hits = 0
+        Draining.hits, Draining.code = 0, code
         body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
         for _ in range(6):
             r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=10)
@@ -85,7 +90,23 @@ def test_draining_refusal_is_resent_to_another_worker(draining: str) -> None:
             )
             codes.add((r.status_code, r.json()["error"]["code"] if r.status_code != 200 else ""))
         assert Draining.hits == hits + 1
-        assert (503, "draining") in codes
+        assert (503, code) in codes
     finally:
         router.stop()
         good.stop()
+
+
+def test_every_worker_full_is_429_with_retry_after(draining: str) -> None:
+    router = Router("--worker", draining)
+    try:
+        Draining.hits, Draining.code = 0, "overloaded"
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "overloaded"
+        assert r.headers["retry-after"]
+        assert Draining.hits == 1
+        # not held against the worker
+        assert router.diagnostics()["workers"][0]["health"]["breaker"] == "closed"
+    finally:
+        router.stop()

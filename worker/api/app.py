@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from worker.api import audio, chat, errors, speech, system, transcription, voices
+from worker.api import (
+    audio,
+    chat,
+    completions,
+    errors,
+    speech,
+    speech_stream,
+    system,
+    transcription,
+    voices,
+)
 from worker.api.gate import Gate
 from worker.api.limits import RequestLimits, max_prompt_bytes
 from worker.api.realtime import endpoint as realtime
@@ -24,7 +34,16 @@ def create_app(service: WorkerService) -> FastAPI:
     app.state.max_prompt_bytes = max_prompt_bytes(service.settings, service.spec)
     audio.configure_decoding(service.settings.audio_decode_threads)
     errors.install(app)
-    for module in (system, chat, speech, transcription, voices, realtime):
+    for module in (
+        system,
+        chat,
+        completions,
+        speech,
+        speech_stream,
+        transcription,
+        voices,
+        realtime,
+    ):
         app.include_router(module.router)
     RealtimeMetrics(service.metrics).export_at_zero()
     token = service.settings.token.get_secret_value() if service.settings.token else None

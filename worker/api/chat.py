@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 
 import numpy as np
 import orjson
@@ -16,18 +15,16 @@ from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint, Modality
 from worker.api import audio
 from worker.api.common import (
-    TrackedStream,
     closed_response,
     read_json,
     service_of,
     session_of,
-    until_disconnect,
 )
 from worker.api.errors import stage_error
-from worker.api.generation import Collected, collect, merged_events
+from worker.api.generation import Collected, merged_events
 from worker.api.images import decode_image
 from worker.api.media import media_bytes
-from worker.api.replay import created, default_seed, reply_id
+from worker.api.replay import created, reply_id
 from worker.api.schemas import (
     AudioPart,
     ChatRequest,
@@ -36,6 +33,16 @@ from worker.api.schemas import (
     ResponseFormat,
     TextPart,
     VideoPart,
+)
+from worker.api.textgen import (
+    bad,
+    choices,
+    collect_all,
+    event_stream,
+    sampling_of,
+    sse,
+    stops,
+    usage,
 )
 from worker.api.tools import Calls, ToolUse, tool_use
 from worker.api.tools import history as tool_history
@@ -59,10 +66,6 @@ from worker.stages.sampling import Sampling
 router = APIRouter()
 
 AUDIO_TTL_S = 3600  # expires_at of returned audio; nothing is stored, the field is for SDKs
-
-
-def _bad(message: str, param: str) -> OmniError:
-    return OmniError(400, ErrorCode.INVALID_REQUEST, message, param)
 
 
 async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
@@ -89,19 +92,19 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
                     parts.append({"type": "text", "text": part.text})
             elif isinstance(part, ImagePart):
                 if Modality.IMAGE not in service.capabilities.input_modalities:
-                    raise _bad(f"model {body.model!r} takes no image input", param)
+                    raise bad(f"model {body.model!r} takes no image input", param)
                 raw = await media_bytes(part.image_url.url, "image", service.settings, param)
                 image = await asyncio.to_thread(decode_image, raw, param)
                 parts.append({"type": "image", "image": image})
             elif isinstance(part, VideoPart):
                 if Modality.VIDEO not in service.capabilities.input_modalities:
-                    raise _bad(f"model {body.model!r} takes no video input", param)
+                    raise bad(f"model {body.model!r} takes no video input", param)
                 raw = await media_bytes(part.video_url.url, "video", service.settings, param)
                 video = await asyncio.to_thread(decode_video, raw, param)
                 parts.append({"type": "video", "video": video.frames, "fps": video.fps})
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
-                    raise _bad(f"model {body.model!r} takes no audio input", param)
+                    raise bad(f"model {body.model!r} takes no audio input", param)
                 raw = audio.b64decode(part.input_audio.data, param)
                 left = service.settings.max_audio_seconds - total_seconds
                 clip = await audio.decode_audio_async(raw, max_seconds=max(left, 0.0), param=param)
@@ -117,13 +120,13 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
 def _tool_turn(message: Message, i: int) -> dict:
     """A ``tool`` result, or an assistant turn with ``tool_calls``, for the chat template."""
     if message.role == "tool" and not message.tool_call_id:
-        raise _bad("a tool message needs its tool_call_id", f"messages.{i}.tool_call_id")
+        raise bad("a tool message needs its tool_call_id", f"messages.{i}.tool_call_id")
     if message.tool_calls and message.role != "assistant":
-        raise _bad("only an assistant message has tool_calls", f"messages.{i}.tool_calls")
+        raise bad("only an assistant message has tool_calls", f"messages.{i}.tool_calls")
     if not isinstance(message.content, str) and message.content is not None:
         texts = [p.text for p in message.content if isinstance(p, TextPart)]
         if len(texts) != len(message.content):
-            raise _bad("a tool turn holds text only", f"messages.{i}.content")
+            raise bad("a tool turn holds text only", f"messages.{i}.content")
         message = message.model_copy(update={"content": "".join(texts)})
     return tool_history(message)
 
@@ -133,31 +136,21 @@ def _grammar(fmt: ResponseFormat | None) -> Grammar | None:
     if fmt is None or fmt.type == "text":
         return None
     if not grammars.available():
-        raise _bad(
+        raise bad(
             "response_format needs xgrammar on this worker (pip install 'omni-fleet[grammar]')",
             "response_format",
         )
     if fmt.type == "json_object":
         return Grammar("json")
     if fmt.json_schema is None:
-        raise _bad("response_format json_schema needs its json_schema", "response_format")
+        raise bad("response_format json_schema needs its json_schema", "response_format")
     schema = fmt.json_schema.json_schema
     try:
         grammars.check_schema(schema)
     except ValueError as exc:
         param = "response_format.json_schema.schema"
-        raise _bad(f"{param} cannot be held to: {exc}", param) from None
+        raise bad(f"{param} cannot be held to: {exc}", param) from None
     return Grammar("json_schema", orjson.dumps(schema).decode())
-
-
-def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``logit_bias``: token ids (as strings) -> -100..100, added to their logits."""
-    out = []
-    for key, value in (bias or {}).items():
-        if not key.isdigit() or not -100 <= value <= 100:
-            raise _bad("logit_bias maps token ids to values from -100 to 100", "logit_bias")
-        out.append((int(key), float(value)))
-    return tuple(out)
 
 
 def _logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
@@ -175,19 +168,6 @@ def _logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
     ]
 
 
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    given = [stop] if isinstance(stop, str) else list(stop or [])
-    for s in given:
-        if not s or len(s) > 256:
-            raise _bad("each stop text must be 1-256 characters", "stop")
-    return tuple(given)
-
-
-def _sse(data: dict | str) -> bytes:
-    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
-    return b"data: " + payload + b"\n\n"
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     service = service_of(request)
@@ -198,51 +178,51 @@ async def chat_completions(request: Request) -> Response:
     want_audio = "audio" in (body.modalities or ["text"])
     if want_audio:
         if Modality.AUDIO not in service.capabilities.output_modalities:
-            raise _bad(f"model {model!r} does not produce audio", "modalities")
+            raise bad(f"model {model!r} does not produce audio", "modalities")
         if body.audio is None:
-            raise _bad(
+            raise bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
     if body.store:  # nothing is stored: refused rather than ignored
-        raise _bad("store: true is not served (this worker keeps no completions)", "store")
+        raise bad("store: true is not served (this worker keeps no completions)", "store")
     n = body.n or 1
     if n > 1 and want_audio:
-        raise _bad("n > 1 is not supported with audio output", "n")
+        raise bad("n > 1 is not supported with audio output", "n")
     if body.top_logprobs is not None and not body.logprobs:
-        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     grammar = _grammar(body.response_format)
     tools = tool_use(body, grammars.available())
     if tools is not None:
         if want_audio:
-            raise _bad("tools are not supported with audio output", "tools")
+            raise bad("tools are not supported with audio output", "tools")
         if body.logprobs:
-            raise _bad("logprobs are not served with tools", "logprobs")
+            raise bad("logprobs are not served with tools", "logprobs")
         grammar = tools.grammar() or grammar
-    stops = _stops(body.stop)
-    if stops and want_audio:
+    stop = stops(body.stop)
+    if stop and want_audio:
         # the talker speaks each token as it comes: it cannot unsay what follows a stop text
-        raise _bad("stop is not supported with audio output; drop one of them", "stop")
-    ticket = service.admit(session_of(request, body.user))
+        raise bad("stop is not supported with audio output; drop one of them", "stop")
+    ticket = service.admit(
+        session_of(request, body.user), RequestKind.CHAT, output_audio=want_audio, requests=n
+    )
     try:
         messages = await _messages(service, body)
         voice, voice_audio = (None, None)
         if want_audio:
             assert body.audio is not None
             voice, voice_audio = await resolve_voice(service, body.audio.voice, "audio.voice")
+        sampling = sampling_of(request, body)
         gen = GenerationRequest(
             request_id=reply_id(request, "chatcmpl"),
-            sampling=Sampling(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                min_p=body.min_p,
-                seed=default_seed(request, body.seed),
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                repetition_penalty=body.repetition_penalty,
-                logit_bias=_logit_bias(body.logit_bias),
-            ),
-            stop=stops + (tools.stops() if tools is not None else ()),
+            sampling=sampling,
+            # the talker samples as its checkpoint says, seeded as the thinker; temperature 0
+            # makes it greedy too
+            speech_sampling=Sampling(
+                temperature=0.0 if body.temperature == 0 else None, seed=sampling.seed
+            )
+            if want_audio
+            else None,
+            stop=stop + (tools.stops() if tools is not None else ()),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             grammar=grammar,
             tools=tools.tools if tools is not None else None,
@@ -257,30 +237,20 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         ticket.release()
         raise
-    gens = _choices(gen, n)
+    gens = choices(gen, n)
     at = created(request)
     audio_id = reply_id(request, "audio")
     calls = _calls(request, tools, n)
     if body.stream:
-        return TrackedStream(
-            _stream(service, body, gens, ticket, at, audio_id, calls),
-            ticket,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    try:
-        results = await until_disconnect(
-            request, asyncio.gather(*(collect(service, g, ticket) for g in gens))
-        )
-    finally:
-        ticket.release()
+        return event_stream(_stream(service, body, gens, ticket, at, audio_id, calls), ticket)
+    results = await collect_all(request, service, gens, ticket)
     if results is None:
         return closed_response()
-    choices = [_choice(i, r, body, calls[i]) for i, r in enumerate(results)]
+    answers = [_choice(i, r, body, calls[i]) for i, r in enumerate(results)]
     result = results[0]
     if want_audio:
-        text = choices[0]["message"]["content"]
-        message = choices[0]["message"]
+        text = answers[0]["message"]["content"]
+        message = answers[0]["message"]
         assert body.audio is not None
         fmt = "wav" if body.audio.format == "wav" else "pcm"
         message["audio"] = {
@@ -296,8 +266,8 @@ async def chat_completions(request: Request) -> Response:
                 "object": "chat.completion",
                 "created": at,
                 "model": model,
-                "choices": choices,
-                "usage": _usage([r.finished or Finished("stop") for r in results]),
+                "choices": answers,
+                "usage": _usage_of([r.finished or Finished("stop") for r in results]),
             }
         ),
         media_type="application/json",
@@ -313,19 +283,8 @@ def _tool_deltas(text: str, found: list[dict], calls: Calls) -> list[dict]:
     return out
 
 
-def _choices(gen: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """``n`` requests for ``n`` choices: the same prompt, each its own draws (choice i seeded
-    with ``seed + i`` when the request has a seed, so the set is reproducible)."""
-    if n == 1 or gen.sampling is None:
-        return [gen] * n
-    seed = gen.sampling.seed
-    return [
-        dataclasses.replace(
-            gen,
-            sampling=dataclasses.replace(gen.sampling, seed=None if seed is None else seed + i),
-        )
-        for i in range(n)
-    ]
+def _usage_of(finished: list[Finished]) -> dict:
+    return usage(finished[:1], finished)  # (one prompt: its n choices)
 
 
 def _calls(request: Request, tools: ToolUse | None, n: int) -> list[Calls | None]:
@@ -353,18 +312,6 @@ def _choice(index: int, result: Collected, body: ChatRequest, calls: Calls | Non
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
-def _usage(finished: list[Finished]) -> dict:
-    """The prompt once, the completions of every choice together (as OpenAI counts ``n``)."""
-    prompt = finished[0].prompt_tokens
-    completion = sum(f.completion_tokens for f in finished)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": finished[0].cached_tokens},
-    }
-
-
 async def _stream(
     service: WorkerService,
     body: ChatRequest,
@@ -384,7 +331,7 @@ async def _stream(
         choice: dict = {"index": index, "delta": delta, "finish_reason": finish_reason}
         if logprobs is not None:
             choice["logprobs"] = {"content": _logprobs_json(logprobs), "refusal": None}
-        return _sse(
+        return sse(
             {
                 "id": gen.request_id,
                 "object": "chat.completion.chunk",
@@ -428,22 +375,22 @@ async def _stream(
                     yield chunk(i, out)
             yield chunk(i, {}, f.finish_reason if c is None else c.finish_reason(f.finish_reason))
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield _sse(
+            yield sse(
                 {
                     "id": gen.request_id,
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": body.model,
                     "choices": [],
-                    "usage": _usage(finished),
+                    "usage": _usage_of(finished),
                 }
             )
         done = True
     except StageFailed as exc:
         # The status line is long gone: the SDKs raise on an SSE "error" payload.
-        yield _sse(error_body(*stage_error(exc)))
+        yield sse(error_body(*stage_error(exc)))
         done = True
     finally:
         if not done:
             service.metrics.aborted.inc()
-    yield _sse("[DONE]")
+    yield sse("[DONE]")

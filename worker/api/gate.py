@@ -20,6 +20,7 @@ ERROR_HEADER = b"x-omni-error-code"  # set by worker.api.errors on every error r
 
 _ROUTES = (
     ("/v1/chat/", Route.CHAT),
+    ("/v1/completions", Route.COMPLETIONS),
     ("/v1/audio/speech", Route.SPEECH),
     ("/v1/audio/transcriptions", Route.TRANSCRIPTION),
     ("/v1/audio/voices", Route.VOICES),

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from worker.engine import (
     AUDIO_OUTPUT_RATE,
     AudioChunk,
+    ClipStart,
     Event,
     Finished,
     GenerationRequest,
     TextDelta,
     TokenLogprob,
+    WordTimings,
 )
 from worker.service import Ticket, WorkerService
 
@@ -86,6 +88,8 @@ class Collected:
     text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     pcm16: bytearray = field(default_factory=bytearray)
+    clips: list[ClipStart] = field(default_factory=list)  # a transcription's, each before its text
+    words: list[tuple[str, float, float]] = field(default_factory=list)  # word timestamps
     finished: Finished | None = None
 
     @property
@@ -104,6 +108,10 @@ async def collect(service: WorkerService, request: GenerationRequest, ticket: Ti
             elif isinstance(event, AudioChunk):
                 ticket.audio()
                 out.pcm16 += event.pcm16
+            elif isinstance(event, ClipStart):
+                out.clips.append(event)
+            elif isinstance(event, WordTimings):
+                out.words += event.words
             elif isinstance(event, Finished):
                 out.finished = event
     service.metrics.tokens_out.inc(out.finished.completion_tokens if out.finished else 0)

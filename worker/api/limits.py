@@ -30,6 +30,9 @@ def _texts(body: dict):
     for key in ("input", "prompt", "instructions"):
         if isinstance(value := body.get(key), str):
             yield value
+    prompts = body.get("prompt")
+    if isinstance(prompts, list):  # a completion's several text prompts
+        yield from (p for p in prompts if isinstance(p, str))
     messages = body.get("messages")
     if not isinstance(messages, list):
         return
@@ -65,7 +68,7 @@ def check_prompt(body: dict, limit: int) -> None:
             ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             f"the prompt is over {limit} bytes of text, more than this model's context can "
             "hold; shorten the messages",
-            "messages" if "messages" in body else "input",
+            next((k for k in ("messages", "prompt") if k in body), "input"),
         )
 
 

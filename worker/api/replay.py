@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from worker.api.common import new_id
 
@@ -29,26 +29,26 @@ REQUEST_ID_HEADER = "x-omni-request-id"
 CREATED_HEADER = "x-omni-created"
 
 
-def _digest(request: Request, salt: str) -> bytes | None:
+def _digest(request: HTTPConnection, salt: str) -> bytes | None:
     rid = request.headers.get(REQUEST_ID_HEADER)
     if not rid:
         return None
     return hashlib.blake2b(f"{salt}\0{rid}".encode(), digest_size=12).digest()
 
 
-def reply_id(request: Request, prefix: str) -> str:
+def reply_id(request: HTTPConnection, prefix: str) -> str:
     """``prefix-<24 hex>``: the same for every send of one router request, else random."""
     digest = _digest(request, prefix)
     return new_id(prefix) if digest is None else f"{prefix}-{digest.hex()}"
 
 
-def created(request: Request) -> int:
+def created(request: HTTPConnection) -> int:
     """The reply's ``created`` (Unix seconds): when the router took the request in."""
     stamp = request.headers.get(CREATED_HEADER, "")
     return int(stamp) if stamp.isdigit() else int(time.time())
 
 
-def default_seed(request: Request, seed: int | None) -> int | None:
+def default_seed(request: HTTPConnection, seed: int | None) -> int | None:
     """``seed`` as given, else one derived from the router's request id (None: a random one)."""
     if seed is not None:
         return seed

@@ -125,26 +125,46 @@ class ResponseFormat(Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatRequest(_Sampling):
+class TextGeneration(_Sampling):
+    """The fields that chat and text completions share (worker.api.textgen)."""
+
     model: str
-    messages: list[Message] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: AudioOutput | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1, le=8)  # choices per request (CHAT_MAX_CHOICES)
+    n: int | None = Field(None, ge=1, le=8)  # choices per prompt
     stop: str | list[str] | None = Field(None, max_length=4)  # (OpenAI: up to 4)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
+
+
+class ChatRequest(TextGeneration):
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+
+COMPLETION_MAX_PROMPTS = 16  # prompts in one /v1/completions request (each with its n choices)
+
+
+class CompletionRequest(TextGeneration):
+    """OpenAI's (legacy) text completion: the prompt continued as it is, without a chat
+    template; several prompts (texts or token ids) in one request, each with ``n`` choices."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # (OpenAI's default)
+    logprobs: int | None = Field(None, ge=0, le=5)  # alternatives per token, as OpenAI's
+    echo: bool = False
+    suffix: str | None = None  # (refused: no fill-in-the-middle)
+    best_of: int | None = Field(None, ge=1, le=8)  # (only as many as n: nothing is ranked)
 
 
 SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input
@@ -152,7 +172,19 @@ SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input
 SpeechFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac"]
 
 
-class SpeechRequest(Body):
+class SpeechSampling(Body):
+    """How the talker picks its codes (extensions of OpenAI's speech request, as vLLM-Omni's):
+    unset fields keep the checkpoint's own sampling, ``temperature: 0`` is greedy, a ``seed``
+    gives the same audio on every worker of one build."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+
+
+class SpeechRequest(SpeechSampling):
     model: str
     input: str = Field(min_length=1, max_length=SPEECH_INPUT_CHARS)
     voice: str = Field(min_length=1)
@@ -171,9 +203,10 @@ class SpeechItem(Body):
     language: str | None = Field(None, max_length=32)
 
 
-class SpeechBatchRequest(Body):
+class SpeechBatchRequest(SpeechSampling):
     """Several texts in one request, generated together (``POST /v1/audio/speech/batch``);
-    an item's ``voice``/``instructions``/``language`` default to the request's."""
+    an item's ``voice``/``instructions``/``language`` default to the request's; item i draws
+    with ``seed + i``."""
 
     model: str
     inputs: list[SpeechItem] = Field(min_length=1, max_length=64)

@@ -2,7 +2,7 @@
 streamed while the vocoder produces it (``stream_format: "audio"`` or ``stream: true``: chunked
 transfer, encoded incrementally; ``stream_format: "sse"``: ``speech.audio.delta`` events of
 pcm16). ``speed`` is applied as a tempo change (pitch kept); ``instructions`` and ``language``
-reach models that take them (Qwen3-TTS).
+reach models that take them (Qwen3-TTS) and are refused (400) by the others.
 
 POST /v1/audio/speech/batch: several inputs in one request, generated together by the engine
 (their talker steps run as one batch); the answer lists each input's audio, base64-encoded."""
@@ -10,10 +10,12 @@ POST /v1/audio/speech/batch: several inputs in one request, generated together b
 from __future__ import annotations
 
 import base64
+import secrets
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import HTTPConnection
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
@@ -29,10 +31,13 @@ from worker.api.common import (
 )
 from worker.api.errors import stage_error
 from worker.api.generation import collect, events
-from worker.api.schemas import SpeechBatchRequest, SpeechRequest
+from worker.api.replay import default_seed
+from worker.api.schemas import SpeechBatchRequest, SpeechRequest, SpeechSampling
 from worker.api.voices import resolve_voice_record
 from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
 from worker.service import Ticket, WorkerService
+from worker.stages.request import SpeechOptions
+from worker.stages.sampling import Sampling
 
 router = APIRouter()
 
@@ -46,34 +51,37 @@ async def speech_generation(
     param: str = "voice",
 ) -> GenerationRequest:
     """The engine request that speaks ``text``: the voice resolved (built-in or cloned), and
-    Qwen3-TTS's instructions and language as its options message."""
-    qwen3_tts = service.model_type == "qwen3_tts"
-    rate = VOICE_RATE_QWEN3_TTS if qwen3_tts else None
+    Qwen3-TTS's instructions and language as its options."""
+    family = service.family
+    if family is None or not family.speech_options:
+        for field, given in (("instructions", instructions), ("language", language)):
+            if given:  # (refused, not ignored)
+                raise OmniError(
+                    400, ErrorCode.INVALID_REQUEST,
+                    f"model {service.spec.name!r} speaks without {field}: only Qwen3-TTS "
+                    "models take it", field,
+                )  # fmt: skip
+    rate = family.voice_rate if family is not None else None
     voice, voice_audio, record = await resolve_voice_record(service, voice_name, param, rate=rate)
-    messages: list[dict] = []
-    if qwen3_tts:
-        opts: dict = {"role": "tts_options"}
-        if instructions:
-            opts["instructions"] = instructions
-        if language:
-            opts["language"] = language
-        if record is not None:
+    options = None
+    if family is not None and family.speech_options:
+        options = SpeechOptions(
+            language=language or None,
+            instructions=instructions or None,
             # the voice's content hash: its reference codes and speaker embedding are
             # computed once per voice in the stages (worker.models.qwen3_tts.voice_cache)
-            opts["ref_text"], opts["voice_key"] = record.transcript, record.sha256
-        messages.append(opts)
+            ref_text=record.transcript if record is not None else None,
+            voice_key=record.sha256 if record is not None else None,
+        )
     return GenerationRequest(
         request_id=new_id("speech"),
         kind=RequestKind.SPEECH,
         text=text,
-        messages=messages,
         output_audio=True,
         voice=voice,
         voice_audio=voice_audio,
+        speech=options,
     )
-
-
-VOICE_RATE_QWEN3_TTS = 24_000  # Hz: Qwen3-TTS clones from 24 kHz reference audio
 
 
 def _check(service: WorkerService, model: str | None) -> str:
@@ -90,16 +98,10 @@ async def speech(request: Request) -> Response:
     _check(service, body.model)
     if not body.input.strip():
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", "input")
-    session = session_of(request)
-    ticket = service.admit(session)
-    try:
-        gen = await speech_generation(
-            service, body.input, body.voice, body.instructions, body.language
-        )
-    except BaseException:
-        ticket.release()
-        raise
-    gen.session_id = session
+    gen, ticket = await admitted_speech(
+        service, session_of(request), body.input, body.voice, body.instructions, body.language
+    )
+    gen.speech_sampling = speech_sampling(request, body)
     fmt = body.response_format
     if body.stream_format == "sse":
         return TrackedStream(
@@ -123,6 +125,39 @@ async def speech(request: Request) -> Response:
         return closed_response()
     return Response(
         _whole(bytes(result.pcm16), fmt, body.speed), media_type=speech_formats.media_type(fmt)
+    )
+
+
+async def admitted_speech(
+    service: WorkerService,
+    session: str | None,
+    text: str,
+    voice: str,
+    instructions: str | None,
+    language: str | None,
+) -> tuple[GenerationRequest, Ticket]:
+    """A speech request admitted on this worker (its ticket released if it cannot be made)."""
+    ticket = service.admit(session, RequestKind.SPEECH)
+    try:
+        gen = await speech_generation(service, text, voice, instructions, language)
+    except BaseException:
+        ticket.release()
+        raise
+    gen.session_id = session
+    return gen, ticket
+
+
+def speech_sampling(request: HTTPConnection, body: SpeechSampling, index: int = 0) -> Sampling:
+    """The talker's sampling as the request asks (unset: the checkpoint's), always seeded: by
+    the request's seed, else one derived from the router's request id (a replay after a
+    failover is the same audio), else a random one; a batch's item ``index`` adds its index."""
+    seed = default_seed(request, body.seed)
+    return Sampling(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty,
+        seed=(secrets.randbits(62) if seed is None else seed) + index,
     )
 
 
@@ -162,9 +197,10 @@ async def speech_batch(request: Request) -> Response:
     session = session_of(request)
     tickets = []
     try:
-        for gen in gens:
+        for i, gen in enumerate(gens):
             gen.session_id = session
-            tickets.append(service.admit(session))
+            gen.speech_sampling = speech_sampling(request, body, i)
+            tickets.append(service.admit(session, RequestKind.SPEECH))
     except BaseException:
         for t in tickets:
             t.release()

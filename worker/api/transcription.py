@@ -11,8 +11,6 @@ language is the clips' detected languages in order ("Chinese,English"), or the h
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request
@@ -44,7 +42,7 @@ from worker.engine import (
     TextDelta,
 )
 from worker.models.qwen3_asr.processor import merge_languages
-from worker.models.qwen3_asr.stages import CLIP_MARK, WORDS_MARK
+from worker.stages.request import TranscriptionOptions
 from worker.stages.sampling import Sampling
 
 router = APIRouter()
@@ -79,25 +77,16 @@ async def transcriptions(request: Request) -> Response:
     )
     if clip.size == 0 or not np.isfinite(clip).all():
         raise OmniError(400, ErrorCode.INVALID_AUDIO, "audio has no samples", "file")
-    asr = service.model_type == "qwen3_asr"
-    if asr:
-        opts: dict[str, Any] = {
-            "role": "asr_options",
-            "language": body.language,
-            "prompt": body.prompt,
-        }
-        if words:
-            opts["timestamps"] = True
-        messages = [opts]
-    else:
-        messages = [{"role": "user", "content": body.prompt or ""}] if body.prompt else []
+    timed = service.family is not None and service.family.timed_transcripts
     session = session_of(request)
-    ticket = service.admit(session)
+    ticket = service.admit(session, RequestKind.TRANSCRIPTION)
     gen = GenerationRequest(
         request_id=reply_id(request, "transcription"),
         kind=RequestKind.TRANSCRIPTION,
-        messages=messages,
         audio=clip,
+        transcription=TranscriptionOptions(
+            language=body.language or None, prompt=body.prompt or None, timestamps=words
+        ),
         session_id=session,
         # (0 or unset: greedy)
         sampling=Sampling(temperature=body.temperature, seed=default_seed(request, None)),
@@ -114,12 +103,12 @@ async def transcriptions(request: Request) -> Response:
         ticket.release()
     if result is None:
         return closed_response()
-    clips, texts, stamps = _split(result.text)
+    texts = result.text
     text = "".join(texts)
-    if asr:
-        language = merge_languages([c["language"] for c in clips])
-        pairs = zip(clips, texts, strict=True)
-        segments = [(c["start"], c["end"], t.strip()) for c, t in pairs if t.strip()]
+    if timed:  # each clip's text is one delta, after its ClipStart
+        language = merge_languages([c.language for c in result.clips])
+        pairs = zip(result.clips, texts, strict=True)
+        segments = [(c.start, c.end, t.strip()) for c, t in pairs if t.strip()]
     else:
         language = body.language or ""
         segments = [(0.0, duration, text)] if text else []
@@ -138,7 +127,7 @@ async def transcriptions(request: Request) -> Response:
                 for i, (a, b, t) in enumerate(segments)
             ]
         if words:
-            payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in stamps]
+            payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in result.words]
     if result.finished is not None:
         payload["usage"] = {
             "type": "tokens",
@@ -174,27 +163,14 @@ def _check_granularities(service, body: TranscriptionForm, granularities: list[s
             400, ErrorCode.INVALID_REQUEST, "word timestamps are not streamed; drop stream", param
         )
     stages = service.spec.stages.values()
-    if service.model_type != "qwen3_asr" or not any(s.executor == Executor.ENCODER for s in stages):
+    timed = service.family is not None and service.family.timed_transcripts
+    if not timed or not any(s.executor == Executor.ENCODER for s in stages):
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST,
             f"model {service.spec.name!r} has no forced aligner: word timestamps need a spec "
             "with a Qwen3-ForcedAligner stage (e.g. tiny-qwen3-asr)", param,
         )  # fmt: skip
     return True
-
-
-def _split(deltas: list[str]) -> tuple[list[dict], list[str], list[list]]:
-    """(clips, texts, words): Qwen3-ASR sends each clip's description before its text, and the
-    aligner's word timestamps last."""
-    clips, texts, words = [], [], []
-    for d in deltas:
-        if d.startswith(CLIP_MARK):
-            clips.append(orjson.loads(d[len(CLIP_MARK) :]))
-        elif d.startswith(WORDS_MARK):
-            words += orjson.loads(d[len(WORDS_MARK) :])
-        else:
-            texts.append(d)
-    return clips, texts, words
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -224,7 +200,7 @@ async def _sse(service, gen: GenerationRequest, ticket):
             async for event in stream:
                 if isinstance(event, TextDelta):
                     ticket.text()
-                    if event.text.startswith("\x00") or not event.text:  # clip descriptions
+                    if not event.text:
                         continue
                     texts.append(event.text)
                     payload = {"type": "transcript.text.delta", "delta": event.text}

@@ -35,9 +35,9 @@ class EngineRequest:
     # the family's multimodal inputs in the engine's own form (embeddings from the encoder
     # stages, rope positions), built by the family's executor
     multimodal: Any = None
-    # computed whole and never shared with other requests' prefixes (a talker needs every
-    # prompt position's hidden state, which a cached prefix does not give again)
-    private_prefix: bool = False
+    # requests share cached prefixes with the others of their namespace only (None: the
+    # common one; a namespace of its own: computed whole)
+    prefix_namespace: str | None = None
 
 
 @dataclass(slots=True)
@@ -51,6 +51,18 @@ class EngineEvent:
     finish: str | None = None
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTrace:
+    """What one model forward ran (an engine's ``on_forward`` callback gets it): the requests
+    in batch order and how many new positions each had (prompt tokens in a prefill chunk, 1 in
+    a decode step). A family's model that captures tensors for another stage (the Qwen3-Omni
+    thinker's hidden states for its talker) shares them out by it."""
+
+    rids: list[str]
+    lengths: list[int]
+    prefill: bool
 
 
 class Engine(Protocol):

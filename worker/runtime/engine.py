@@ -25,20 +25,22 @@ from typing import Any
 
 from fleet.records import ProcessMemory
 from planner.plan import NodePlan, ProcessPlan
-from planner.spec import ModelSpec, resolve_model_dir
+from planner.spec import Executor, ModelSpec, resolve_model_dir
 from worker.engine import (
     AudioChunk,
+    ClipStart,
     EngineStatus,
     Event,
     Finished,
     GenerationRequest,
     ProgressCallback,
     RequestInvalid,
-    RequestKind,
     StageFailed,
     StageLoad,
     TextDelta,
     TokenLogprob,
+    WordTimings,
+    outputs_of,
 )
 from worker.runtime import messages as m
 from worker.runtime import transport
@@ -48,6 +50,7 @@ from worker.runtime.host import HostConfig
 from worker.runtime.process import StageProcess
 from worker.runtime.transport import pack, refs, release, unpack
 from worker.stages.base import RequestMeta
+from worker.stages.request import RequestInput
 
 log = logging.getLogger("omni.worker.runtime")
 
@@ -68,6 +71,7 @@ class _Request:
     info: dict[str, dict] = field(default_factory=dict)
     shm: set[str] = field(default_factory=set)
     closed: bool = False
+    text_pump: asyncio.Task | None = None  # sends a streamed text on to its reader
 
 
 @dataclass(eq=False)
@@ -99,6 +103,7 @@ class PipelineEngine:
         self.cache_dir = Path(cache_dir)
         self._spec_json = spec.model_dump_json()
         self._routes: dict[frozenset[str], Route] = {}
+        self._limits: dict[frozenset[str], dict[str, int]] = {}
         self._ids = itertools.count()
         self._replicas: list[_Replica] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -211,6 +216,30 @@ class PipelineEngine:
     def speakers(self) -> list[str]:
         return list(self._speakers)
 
+    def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
+        limits = self._limits.get(outputs)
+        if limits is None:
+            stages = self.spec.stages
+            limits = {
+                s: 0
+                for s in self._route_of(outputs).active
+                if stages[s].executor == Executor.AUTOREGRESSIVE
+            }
+            for pp in self.node_plan.processes:
+                for sp in pp.stages:
+                    if sp.stage in limits:
+                        engine = stages[sp.stage].engine
+                        running = sp.max_running_requests or engine.max_running_requests
+                        limits[sp.stage] += running + engine.max_queued_requests
+            self._limits[outputs] = limits
+        return limits
+
+    def _route_of(self, outputs: frozenset[str]) -> Route:
+        rt = self._routes.get(outputs)
+        if rt is None:
+            rt = self._routes[outputs] = route(self.spec, outputs)
+        return rt
+
     def expect_shutdown(self) -> None:
         """The worker is stopping (its SIGTERM or Ctrl-C, which usually reaches the stage
         processes too, as one process group): from now on a stage process that exits is
@@ -274,10 +303,8 @@ class PipelineEngine:
         if not healthy:
             raise StageFailed(f"no healthy pipeline: {self.status().detail}")
         rep = min(healthy, key=lambda r: len(r.requests))
-        outputs = _outputs(request)
-        rt = self._routes.get(outputs)
-        if rt is None:
-            rt = self._routes[outputs] = route(self.spec, outputs)
+        outputs = outputs_of(request.kind, request.output_audio)
+        rt = self._route_of(outputs)
         rid = f"{request.request_id or 'req'}#{next(self._ids)}"
         metas = {
             s: RequestMeta(
@@ -287,6 +314,7 @@ class PipelineEngine:
                 voice=request.voice,
                 stream_targets=rt.stream_targets[s],
                 sampling=request.sampling,
+                speech_sampling=request.speech_sampling,
                 stop=request.stop,
                 logprobs=request.logprobs,
                 grammar=request.grammar,
@@ -296,17 +324,21 @@ class PipelineEngine:
         req = _Request(rid, rep, rt, asyncio.Queue(), request.request_id)
         req.terminals_left = set(rt.terminals)
         payload = pack(
-            {
-                "kind": str(request.kind),
-                "messages": request.messages,
-                "tools": request.tools,
-                "text": request.text,
-                "audio": request.audio,
-                "voice": request.voice,
-                "voice_audio": request.voice_audio,
-                "max_tokens": request.max_tokens,
-                "output_audio": "audio" in outputs,
-            },
+            RequestInput(
+                kind=str(request.kind),
+                messages=request.messages,
+                tools=request.tools,
+                text=request.text,
+                text_follows=request.text_stream is not None,
+                prompt_ids=request.prompt_ids,
+                audio=request.audio,
+                voice=request.voice,
+                voice_audio=request.voice_audio,
+                max_tokens=request.max_tokens,
+                output_audio="audio" in outputs,
+                speech=request.speech,
+                transcription=request.transcription,
+            ),
             self.shm_prefix,
         )
         req.shm.update(refs(payload))
@@ -320,7 +352,30 @@ class PipelineEngine:
         entry = self.spec.entry
         self._send(req, entry, (m.INPUT, entry, rid, REQUEST_INPUT, payload))
         self._flush(rep)
+        if request.text_stream is not None:
+            req.text_pump = asyncio.create_task(self._pump_text(req, request.text_stream))
         return req
+
+    async def _pump_text(self, req: _Request, text: AsyncIterator[str]) -> None:
+        """A streamed text, piece by piece, to the stage that reads it (the talker: the
+        route's autoregressive stage), then its end. A failing source ends the request."""
+        reader = next(
+            s for s in req.route.active if self.spec.stages[s].executor == Executor.AUTOREGRESSIVE
+        )
+        try:
+            async for piece in text:
+                if req.closed:
+                    return
+                if piece:
+                    chunk = {"text": piece}
+                    self._send(req, reader, (m.CHUNK, reader, req.rid, REQUEST_INPUT, chunk))
+                    self._flush(req.replica)
+        except Exception as exc:  # the client's text source broke: the request cannot go on
+            self._fail(req, StageFailed(f"the streamed text ended abnormally: {exc}"))
+            return
+        if not req.closed:
+            self._send(req, reader, (m.END, reader, req.rid, REQUEST_INPUT, {}))
+            self._flush(req.replica)
 
     def _send(self, req: _Request, stage: str, msg: tuple) -> None:
         self._trace(req, stage, f"<-{msg[0]}")
@@ -360,6 +415,8 @@ class PipelineEngine:
         if req.closed:
             return
         req.closed = True
+        if req.text_pump is not None:
+            req.text_pump.cancel()
         rep = req.replica
         rep.requests.pop(req.rid, None)
         for g in req.groups:  # finished or not: every process forgets it
@@ -425,6 +482,10 @@ class PipelineEngine:
             if what == "text":
                 entries = [TokenLogprob(*e) for e in payload[2]] if len(payload) > 2 else None
                 req.queue.put_nowait(TextDelta(data, entries))
+            elif what == "clip":
+                req.queue.put_nowait(ClipStart(*data))
+            elif what == "words":
+                req.queue.put_nowait(WordTimings([(w, a, b) for w, a, b in data]))
             else:
                 names = refs(data)
                 pcm = unpack(data, unlink=True)
@@ -537,14 +598,6 @@ class PipelineEngine:
                 self._progress(f"process group {group} is ready again")
                 return
             await asyncio.sleep(RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)])
-
-
-def _outputs(request: GenerationRequest) -> frozenset[str]:
-    if request.kind == RequestKind.SPEECH:
-        return frozenset({"audio"})
-    if request.kind == RequestKind.TRANSCRIPTION:
-        return frozenset({"text"})
-    return frozenset({"text", "audio"}) if request.output_audio else frozenset({"text"})
 
 
 def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progress: Any) -> Path:

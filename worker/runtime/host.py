@@ -103,8 +103,8 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     from transformers.utils import logging as hf_logging
 
     from planner.spec import ModelSpec
+    from worker.models.registry import make_executor
     from worker.stages.base import StageContext
-    from worker.stages.registry import make_executor
 
     torch.set_num_threads(cfg.threads)
     if cfg.device.startswith("cuda") and cfg.memory_fraction:

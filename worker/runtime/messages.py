@@ -5,7 +5,10 @@ A stage executor's ``step`` returns outputs ``(kind, rid, payload)``:
   (FINAL, rid, payload)     its final payload, along ``next`` edges
   (CHUNK, rid, data)        one chunk, along ``stream_to`` edges
   (END, rid, info)          the stream along ``stream_to`` edges is complete
-  (OUT, rid, ("text", str[, logprobs]) | ("audio", int16 ndarray))   client output (terminals)
+  (OUT, rid, what)          client output (terminals), ``what`` one of
+                            ("text", str[, logprobs]) | ("audio", int16 ndarray)
+                            | ("clip", (language, start s, end s)): a transcription's next clip
+                            | ("words", [(word, start s, end s), ...]): its word timestamps
   (DONE, rid, info)         this stage has finished the request
   (ERROR, rid, message)     the request failed in this stage
   (INVALID, rid, message)   the stage refused the request's content (the client's fault)

@@ -10,6 +10,3 @@ import torch  # noqa: F401
 import transformers  # noqa: F401
 from transformers import modeling_utils, processing_utils  # noqa: F401
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe  # noqa: F401
-
-import worker.runtime.host
-import worker.stages.registry  # noqa: F401

@@ -1,17 +1,18 @@
 """Moving payloads between processes: large arrays through shared memory, not pickled pipes.
 
 ``pack`` replaces every numpy array of at least ``SHM_THRESHOLD`` bytes inside a payload (nested
-dicts/lists/tuples) with a ``ShmRef`` to a fresh POSIX shared-memory segment; the pickled
-message stays small. The receiver's ``unpack`` copies the data out. The coordinator
-sees every message (it routes them) and owns the segments' lifetime: it unlinks a request's
-segments when the request finishes, fails or is aborted.
+dicts, lists, tuples and dataclasses such as ``stages.request.RequestInput``) with a ``ShmRef``
+to a fresh POSIX shared-memory segment; the pickled message stays small. The receiver's
+``unpack`` copies the data out. The coordinator sees every message (it routes them) and owns
+the segments' lifetime: it unlinks a request's segments when the request finishes, fails or is
+aborted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -92,6 +93,8 @@ def pack(obj: Any, prefix: str | None = None) -> Any:
         return {k: pack(v, prefix) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return type(obj)(pack(v, prefix) for v in obj)
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return replace(obj, **{f.name: pack(getattr(obj, f.name), prefix) for f in fields(obj)})
     return obj
 
 
@@ -105,6 +108,8 @@ def unpack(obj: Any, unlink: bool = False) -> Any:
         return {k: unpack(v, unlink) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return type(obj)(unpack(v, unlink) for v in obj)
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return replace(obj, **{f.name: unpack(getattr(obj, f.name), unlink) for f in fields(obj)})
     return obj
 
 
@@ -119,6 +124,9 @@ def refs(obj: Any, out: list[str] | None = None) -> list[str]:
     elif isinstance(obj, list | tuple):
         for v in obj:
             refs(v, out)
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            refs(getattr(obj, f.name), out)
     return out
 
 

@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from planner.spec import ModelSpec, StageSpec
 
@@ -25,6 +25,8 @@ from worker.runtime.messages import CHUNK, DONE, END, ERROR, FINAL, INVALID, OUT
 from worker.stages.grammar import Grammar
 from worker.stages.sampling import Sampling
 
+In = TypeVar("In")
+
 __all__ = [
     "CHUNK",
     "DONE",
@@ -33,6 +35,7 @@ __all__ = [
     "FINAL",
     "INVALID",
     "OUT",
+    "REQUEST_INPUT",
     "BatchQueue",
     "Output",
     "RequestMeta",
@@ -70,6 +73,8 @@ class RequestMeta:
     stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)
     logprobs: int | None = None  # None: none; N: each token's, with its N likeliest rivals
     grammar: Grammar | None = None  # what the reply must be (response_format); None: free
+    # how the talker picks its codes (None: as the checkpoint says; worker.stages.talker_sampling)
+    speech_sampling: Sampling | None = None
 
 
 class StageExecutor(ABC):
@@ -111,17 +116,18 @@ class StageExecutor(ABC):
         """Requests waiting in or running on this stage."""
 
 
-class RequestPreprocessor(StageExecutor):
+class RequestPreprocessor(StageExecutor, Generic[In]):
     """A stage that turns each request into one final payload, one request per step in arrival
     order (preprocessing). Subclasses implement ``prepare``; a ``ValueError`` from it refuses the
-    request (INVALID) with its message."""
+    request (INVALID) with its message. What it prepares is the request's own input
+    (``RequestInput``) unless a subclass takes another stage's payload."""
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.pending: list[tuple[str, RequestMeta, dict[str, Any]]] = []
+        self.pending: list[tuple[str, RequestMeta, In]] = []
 
     @abstractmethod
-    def prepare(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    def prepare(self, request: In) -> dict[str, Any]: ...
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
         self.pending.append((rid, meta, inputs[REQUEST_INPUT]))
@@ -180,3 +186,15 @@ class BatchQueue:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def check_prompt(n: int, context_length: int, kv_tokens: int) -> None:
+    """ValueError (a 400 ``context_length_exceeded``) for a prompt of ``n`` tokens that
+    could never run: over the context, or over the plan's KV pool (``kv_tokens``; 0: none)."""
+    if n >= context_length:
+        raise ValueError(f"prompt of {n} tokens exceeds the context length {context_length}")
+    if kv_tokens and n >= kv_tokens:
+        raise ValueError(
+            f"prompt of {n} tokens exceeds the context length {kv_tokens} that this stage's "
+            "KV pool holds"
+        )

@@ -25,6 +25,12 @@ class KVBatch:
     def __len__(self) -> int:
         return len(self.rids)
 
+    def fits(self, n: int, kv_tokens: int) -> bool:
+        """One more row of ``n`` positions fits a KV pool of ``kv_tokens`` (0: no pool): the
+        left-padded batch holds its rows times its longest row."""
+        width = max(self.mask.shape[1] if self.mask is not None else 0, n)
+        return not kv_tokens or (len(self) + 1) * width <= kv_tokens
+
     def join(self, rid: str, cache: Any, length: int) -> None:
         """Add a prefilled request (its cache has batch size 1 and ``length`` valid tokens)."""
         new_mask = torch.ones(1, length, dtype=torch.long, device=_device(cache))

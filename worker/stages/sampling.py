@@ -11,6 +11,11 @@ OpenAI and vLLM/SGLang fields, in the order transformers' ``generate`` applies t
    (tokens under ``min_p x`` the top probability go);
 5. one draw from a generator of the request's own: with a ``seed`` the same request draws the
    same tokens on every worker of a build (float rounding aside); without one, a random seed.
+
+The rows of a batch are filtered together (each with its own settings) and drawn together:
+each row's generator gives it one uniform number, which picks the token where the row's
+cumulative distribution passes it (inverse transform sampling), so one row's draws never
+depend on its batchmates.
 """
 
 from __future__ import annotations
@@ -78,25 +83,42 @@ def pick(torch: Any, logits: Any, states: list[SamplerState]) -> list[int]:
     """The next token of each row of ``logits`` (rows x vocab, float32)."""
     if all(s.sampling.greedy and not _penalised(s.sampling) for s in states):
         return logits.argmax(dim=-1).tolist()
-    return [_pick_row(torch, logits[i], s) for i, s in enumerate(states)]
+    rows = torch.stack(
+        [penalise(torch, logits[i], s) if _penalised(s.sampling) else logits[i]
+         for i, s in enumerate(states)]
+    )  # fmt: skip
+    out = rows.argmax(dim=-1)
+    drawn = [i for i, s in enumerate(states) if not s.sampling.greedy]
+    if drawn:
+        probs = filtered_rows(torch, rows[drawn], [states[i].sampling for i in drawn])
+        cdf = probs.cumsum(dim=-1)
+        u = torch.cat([_uniform(torch, states[i], rows.device) for i in drawn])
+        # the first token whose cumulative probability exceeds u (of the row's total, which
+        # rounding keeps from 1): a token of probability 0 is never drawn
+        picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+        out[drawn] = picked.clamp_(max=cdf.shape[-1] - 1)  # (u x total rounded up to total)
+    return out.tolist()
+
+
+def _uniform(torch: Any, state: SamplerState, device: Any) -> Any:
+    """One number in [0, 1) from the request's own generator (made on its first draw: seeded
+    by its ``seed``, else at random)."""
+    if state.generator is None:
+        state.generator = generator(torch, state.sampling.seed, device)
+    return torch.rand(1, device=device, generator=state.generator)
+
+
+def generator(torch: Any, seed: int | None, device: Any) -> Any:
+    """A request's own generator, seeded by its ``seed`` (None: a random one)."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _penalised(s: Sampling) -> bool:
     return bool(
         s.presence_penalty or s.frequency_penalty or s.logit_bias
     ) or s.repetition_penalty not in (None, 1.0)
-
-
-def _pick_row(torch: Any, row: Any, state: SamplerState) -> int:
-    s = state.sampling
-    row = penalise(torch, row, state)
-    if s.greedy:
-        return int(row.argmax())
-    probs = filtered_probs(torch, row, s)
-    if state.generator is None:
-        seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        state.generator = torch.Generator(device=row.device).manual_seed(seed)
-    return int(torch.multinomial(probs, 1, generator=state.generator))
 
 
 def penalise(torch: Any, row: Any, state: SamplerState) -> Any:
@@ -122,20 +144,34 @@ def penalise(torch: Any, row: Any, state: SamplerState) -> Any:
 
 
 def filtered_probs(torch: Any, row: Any, s: Sampling) -> Any:
-    """Temperature, top-k, top-p and min-p, as transformers' warpers apply them: the
-    distribution one draw is made from."""
-    row = row / float(s.temperature or 1.0)
-    if s.top_k is not None and 0 < s.top_k < row.shape[-1]:
-        kth = torch.topk(row, s.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if s.top_p is not None and s.top_p < 1.0:
-        ordered, order = torch.sort(row, descending=False)
+    """One row's distribution (``filtered_rows`` of one row)."""
+    return filtered_rows(torch, row[None], [s])[0]
+
+
+def filtered_rows(torch: Any, rows: Any, settings: list[Sampling]) -> Any:
+    """Temperature, top-k, top-p and min-p, each row by its own settings, as transformers'
+    warpers apply them: the distributions the draws are made from (rows x vocab)."""
+    vocab = rows.shape[-1]
+    dev = rows.device
+    temps = torch.tensor([float(s.temperature or 1.0) for s in settings], device=dev)
+    rows = rows / temps[:, None]
+    ks = [s.top_k if s.top_k is not None and 0 < s.top_k < vocab else vocab for s in settings]
+    if min(ks) < vocab:
+        values = torch.topk(rows, max(ks), dim=-1).values
+        kth = values.gather(1, torch.tensor(ks, device=dev)[:, None] - 1)
+        rows = rows.masked_fill(rows < kth, float("-inf"))
+    ps = [s.top_p if s.top_p is not None and s.top_p < 1.0 else 1.0 for s in settings]
+    if min(ps) < 1.0:
+        ordered, order = torch.sort(rows, descending=False)
         cumulative = ordered.softmax(-1).cumsum(-1)
-        drop = cumulative <= 1 - s.top_p
-        drop[-1] = False  # the most likely token always stays
-        row = row.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    probs = row.softmax(-1)
-    if s.min_p is not None and s.min_p > 0:
-        probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
-        probs = probs / probs.sum()
+        drop = cumulative <= 1 - torch.tensor(ps, device=dev)[:, None]
+        drop[:, -1] = False  # the most likely token always stays
+        drop[torch.tensor(ps, device=dev) >= 1.0] = False  # (rows without top-p)
+        rows = rows.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    probs = rows.softmax(-1)
+    mins = [s.min_p if s.min_p is not None and s.min_p > 0 else 0.0 for s in settings]
+    if max(mins) > 0:
+        floor = torch.tensor(mins, device=dev)[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

@@ -68,7 +68,9 @@ class Connection:
         await self.ended.wait()
 
 
-def _authorised(websocket: WebSocket, token: str) -> bool:
+def authorised(websocket: WebSocket, token: str) -> bool:
+    """The socket carries the worker token (its header, or a bearer token): the realtime and
+    speech-stream endpoints check it before accepting."""
     given = websocket.headers.get(TOKEN_HEADER.decode())
     auth = websocket.headers.get("authorization", "")
     if given is None and auth[:7].lower() == "bearer ":
@@ -97,7 +99,7 @@ def _admit(websocket: WebSocket, service: WorkerService) -> tuple[str, str]:
     """(model, session id) of a session this worker takes now, or a ``RealtimeError`` whose
     status picks the close code."""
     token = service.settings.token
-    if token is not None and not _authorised(websocket, token.get_secret_value()):
+    if token is not None and not authorised(websocket, token.get_secret_value()):
         raise RealtimeError(Code.INVALID_API_KEY, "missing or wrong worker token", status=401)
     if Endpoint.REALTIME not in service.capabilities.endpoints:
         raise RealtimeError(

@@ -103,6 +103,12 @@ class AudioAppend(ClientEvent):
     audio: str
 
 
+class TextAppend(ClientEvent):
+    """This server's extension for text-to-speech models: text spoken as it is written."""
+
+    delta: str = Field(min_length=1)
+
+
 # -- conversation items ------------------------------------------------------------------------
 
 
@@ -164,6 +170,8 @@ EVENTS: dict[str, type[ClientEvent]] = {
     "input_audio_buffer.append": AudioAppend,
     "input_audio_buffer.commit": ClientEvent,
     "input_audio_buffer.clear": ClientEvent,
+    "input_text_buffer.append": TextAppend,
+    "input_text_buffer.commit": ClientEvent,
     "conversation.item.create": ItemCreate,
     "conversation.item.truncate": ItemTruncate,
     "conversation.item.delete": ItemRef,

@@ -18,6 +18,7 @@ from worker.api.realtime.events import ResponseIn
 from worker.api.realtime.input_audio import InputAudioBuffer
 from worker.api.realtime.response import ResponsePlan
 from worker.api.speech import speech_generation
+from worker.api.streamed_text import StreamedText
 from worker.api.voices import resolve_voice
 from worker.engine import GenerationRequest, RequestKind
 from worker.service import WorkerService
@@ -54,7 +55,11 @@ def _unspoken_text(items: list[dict]) -> str:
     return " ".join(t for t in reversed(said) if t.strip()).strip()
 
 
-async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePlan:
+async def plan_response(
+    session: SessionState, given: ResponseIn, text_in: StreamedText | None = None
+) -> ResponsePlan:
+    """``text_in``: a text-to-speech response that speaks text as it is written
+    (``input_text_buffer.append``), after what the conversation left unspoken."""
     service, c = session.service, session.config
     modalities = cfg.modalities(given.output_modalities or given.modalities) or c.output_modalities
     if "audio" in modalities and Modality.AUDIO not in service.capabilities.output_modalities:
@@ -91,14 +96,12 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
         metadata=given.metadata,
         output_format=c.output_format,
     )
+    # a random seed: a response re-run after a worker's death is sent whole again
+    seed = secrets.randbits(31)
     if speaks_only(service):
-        if temperature:  # (the talkers decode greedily until they move to SGLang)
-            raise RealtimeError(
-                Code.INVALID_REQUEST,
-                "temperature does not apply to a speech model's responses",
-                "response.temperature",
-            )
         text = _unspoken_text([*history.items, *extra])
+        if text_in is not None:
+            text = f"{text} {text_in.first}" if text else text_in.first
         if not text:
             raise RealtimeError(
                 Code.INVALID_REQUEST,
@@ -116,7 +119,9 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
         except OmniError as exc:
             raise RealtimeError.from_omni(exc) from exc
         plan.request.max_tokens = limit
-        plan.modalities, plan.spoken = ["audio"], text
+        # the talker's temperature (unset: its checkpoint's sampling; 0: greedy)
+        plan.request.speech_sampling = Sampling(temperature=temperature, seed=seed)
+        plan.modalities, plan.spoken, plan.text_in = ["audio"], text, text_in
         return plan
     plan.request = GenerationRequest(
         request_id="",
@@ -126,9 +131,8 @@ async def plan_response(session: SessionState, given: ResponseIn) -> ResponsePla
         voice=voice,
         voice_audio=voice_audio,
         max_tokens=limit,
-        # a random seed: a response re-run after a worker's death is sent whole again
-        sampling=Sampling(temperature=temperature, seed=secrets.randbits(31))
-        if temperature
-        else None,
+        sampling=Sampling(temperature=temperature, seed=seed) if temperature else None,
+        # the talker samples as its checkpoint says, seeded; temperature 0: greedy too
+        speech_sampling=Sampling(temperature=0.0 if temperature == 0 else None, seed=seed),
     )
     return plan

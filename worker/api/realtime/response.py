@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from worker.api.realtime.conversation import (
 )
 from worker.api.realtime.conversation import spoken_text as spoken_part
 from worker.api.realtime.errors import RealtimeError
+from worker.api.streamed_text import StreamedText
 from worker.engine import AudioChunk, Finished, GenerationRequest, RequestInvalid, StageFailed
 from worker.engine import TextDelta as EngineText
 from worker.service import Ticket, WorkerService
@@ -69,6 +71,7 @@ class ResponsePlan:
     in_conversation: bool = True  # conversation "none": an out-of-band reply, not stored
     metadata: dict | None = None
     spoken: str | None = None  # text-to-speech: the text the audio says, known at the start
+    text_in: StreamedText | None = None  # text-to-speech: more text to say as it is written
     output_format: str = g711.PCM
 
 
@@ -182,7 +185,10 @@ class Response:
                 raise asyncio.CancelledError
             await send({"type": "response.created", "response": self._response([])})
             try:
-                ticket = ch.service.admit(ch.session_id)
+                request = self.plan.request
+                ticket = ch.service.admit(
+                    ch.session_id, request.kind, output_audio=request.output_audio
+                )
             except OmniError as exc:
                 raise RealtimeError.from_omni(exc) from exc
             previous = None
@@ -202,11 +208,12 @@ class Response:
                 if self.audio
                 else "response.output_text.delta"
             )
-            request = self.plan.request
             request.request_id, request.session_id = self.id, ch.session_id
             if self.plan.spoken is not None:
                 self.text.append(self.plan.spoken)
                 await send({"type": text_event, **where, "delta": self.plan.spoken})
+            if self.plan.text_in is not None:
+                request.text_stream = self._transcribed(self.plan.text_in, where)
             while True:
                 try:
                     await self._stream(request, ticket, where, text_event)
@@ -270,6 +277,17 @@ class Response:
                     self.audio_bytes += len(event.pcm16)
                 elif isinstance(event, Finished):
                     self.usage = event
+
+    async def _transcribed(self, text: StreamedText, where: dict) -> AsyncIterator[str]:
+        """A streamed text's pieces to the engine, each one first in the transcript: the
+        client sees the words as the talker gets them, after the events that open the reply."""
+        async for piece in text.pieces():
+            self.text.append(piece)
+            with contextlib.suppress(SessionClosed):  # (the session's close cancels the reply)
+                await self.channel.send(
+                    {"type": "response.output_audio_transcript.delta", **where, "delta": piece}
+                )
+            yield piece
 
     def _keep_what_was_said(self) -> None:
         """An interrupted reply keeps the words its sent audio said (its text: what was sent)."""

@@ -33,10 +33,11 @@ from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_input, ms
 from worker.api.realtime.metrics import RealtimeMetrics
-from worker.api.realtime.planning import plan_response
+from worker.api.realtime.planning import plan_response, speaks_only
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
+from worker.api.streamed_text import StreamedText
 from worker.api.voices import resolve_voice
 from worker.service import WorkerService
 
@@ -296,6 +297,49 @@ class RealtimeSession:
         self._reset_vad()
         await self.send({"type": "input_audio_buffer.cleared"})
 
+    async def _text_append(self, event: ev.TextAppend) -> None:
+        """Text spoken as it is written (a text-to-speech model with a streaming-text mode):
+        the first piece starts a response that speaks it, after what the conversation left
+        unspoken; the next ones go on into it until ``input_text_buffer.commit``."""
+        family = self.service.family
+        if not speaks_only(self.service) or family is None or not family.streams_text:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                f"model {self.model!r} takes no streamed text (a text-to-speech model with a "
+                "streaming-text mode does): add a conversation item instead",
+                "type",
+            )
+        response = self.response
+        text = response.plan.text_in if response is not None else None
+        if text is not None and not text.done:
+            try:
+                text.add(event.delta, "delta")
+            except OmniError as exc:
+                raise RealtimeError.from_omni(exc) from exc
+            return
+        if response is not None:
+            raise RealtimeError(
+                Code.ACTIVE_RESPONSE,
+                f"response {response.id} is in progress; cancel it or wait for response.done",
+            )
+        try:
+            text = StreamedText(event.delta, "delta")
+        except OmniError as exc:
+            raise RealtimeError.from_omni(exc) from exc
+        await self._start_response(None, text_in=text)
+
+    async def _text_commit(self, event: ev.ClientEvent) -> None:
+        response = self.response
+        text = response.plan.text_in if response is not None else None
+        if response is None or text is None or text.done:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "no streamed text to commit: input_text_buffer.append starts one",
+                "type",
+            )
+        text.end()
+        await self.send({"type": "input_text_buffer.committed", "response_id": response.id})
+
     async def _item_create(self, event: ev.ItemCreate) -> None:
         item = item_from_client(
             event.item, self.buffer.max_bytes, self.max_text_bytes, self.config.input_format
@@ -332,15 +376,20 @@ class RealtimeSession:
         await self._start_response(event.response)
 
     async def _start_response(
-        self, given: ev.ResponseIn | None, response_id: str = "", item_id: str = ""
+        self,
+        given: ev.ResponseIn | None,
+        response_id: str = "",
+        item_id: str = "",
+        text_in: StreamedText | None = None,
     ) -> None:
         given = given or ev.ResponseIn()
-        plan = await plan_response(self, given)
+        plan = await plan_response(self, given, text_in)
         response = Response(self, plan)
         if response_id:
             response.id, response.item_id = response_id, item_id
         self.response = response
-        if self.store is not None and plan.in_conversation:  # re-run if this worker dies
+        # re-run if this worker dies (not a streamed text: what came of it is gone)
+        if self.store is not None and plan.in_conversation and text_in is None:
             note = {"id": response.id, "item_id": response.item_id,
                     "response": given.model_dump(mode="json", exclude_none=True)}  # fmt: skip
             try:
@@ -372,6 +421,8 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, Any], Awaitable[None]]] = {
     "input_audio_buffer.append": RealtimeSession._append,
     "input_audio_buffer.commit": RealtimeSession._commit_buffer,
     "input_audio_buffer.clear": RealtimeSession._clear,
+    "input_text_buffer.append": RealtimeSession._text_append,
+    "input_text_buffer.commit": RealtimeSession._text_commit,
     "conversation.item.create": RealtimeSession._item_create,
     "conversation.item.truncate": RealtimeSession._item_truncate,
     "conversation.item.delete": RealtimeSession._item_delete,

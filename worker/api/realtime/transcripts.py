@@ -23,7 +23,7 @@ async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> No
     service = channel.service
     try:
         try:
-            ticket = service.admit(channel.session_id)
+            ticket = service.admit(channel.session_id, RequestKind.TRANSCRIPTION)
         except OmniError as exc:
             raise RealtimeError.from_omni(exc) from exc
         try:

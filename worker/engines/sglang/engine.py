@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import uuid
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.engines import sglang as vendor
-from worker.engines.base import EngineEvent, EngineRequest, TokenLogprob
+from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace, TokenLogprob
 from worker.stages.base import StageContext
 
 # SGLang's names for our dtypes
@@ -55,16 +54,6 @@ class EngineSettings:
             prefill_chunk_tokens=eng.prefill_chunk_tokens,
             random_weights=bool(ctx.extra.get("random_weights")),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardTrace:
-    """What one model forward ran: the requests in batch order and how many new positions
-    each had (prompt tokens in a prefill chunk, 1 in a decode step)."""
-
-    rids: list[str]
-    lengths: list[int]
-    prefill: bool
 
 
 class SGLangEngine:
@@ -181,7 +170,7 @@ class SGLangEngine:
             top_logprobs_num=r.logprobs or 0,
             token_ids_logprob=None,
             stream=True,
-            extra_key=uuid.uuid4().hex if r.private_prefix else None,
+            extra_key=r.prefix_namespace,
         )
 
     def _events(self) -> list[EngineEvent]:

@@ -4,10 +4,10 @@
 architecture name in a Qwen3-Omni checkpoint's config.json), as SGLang-Omni registers its own:
 - the encoders are not kept: their outputs come from the project's encoder stages, as SGLang's
   precomputed multimodal embeddings (``MultimodalDataItem.precomputed_embeddings``);
-- what the talker is built on is captured on request (``capture``): each prompt position's
-  input embedding (the encoders' outputs scattered in) and its hidden state at the talker's
-  ``accept_hidden_layer`` (the output of the layer before, as transformers'
-  ``hidden_states`` index it), read by the thinker stage after each prefill forward;
+- what the talker is built on is captured on request (``capture``): each computed prompt
+  position's hidden state at the talker's ``accept_hidden_layer`` (the output of the layer
+  before, as transformers' ``hidden_states`` index it), read by the thinker stage after each
+  prefill forward;
 - the deepstack layer count follows the checkpoint (SGLang hard-codes 3,
   ``models/qwen3_vl_moe.py:63``; the tiny checkpoint has 2).
 """
@@ -34,7 +34,7 @@ class Qwen3OmniThinker(Qwen3OmniMoeForConditionalGeneration):
         thinker.model.deepstack_embed_to_decoder_layer = range(thinker.num_deepstack_embeddings)
         self.accept_layer = int(config.talker_config.accept_hidden_layer)
         self.capture = False  # set by the stage before a forward whose prompts a talker needs
-        self.captured: tuple[torch.Tensor, torch.Tensor] | None = None  # (embeds, hidden)
+        self.captured: torch.Tensor | None = None  # hidden states of the positions computed
         self.forward = self._forward  # (the parent binds the thinker's forward per instance)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -66,7 +66,7 @@ class Qwen3OmniThinker(Qwen3OmniMoeForConditionalGeneration):
         )
         if capture:
             out, aux = out
-            self.captured = (embeds, self._before_deepstack(aux[0], extra))
+            self.captured = self._before_deepstack(aux[0], extra)
         return t.logits_processor(input_ids, out, t.lm_head, forward_batch)
 
     def _before_deepstack(self, hidden: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:

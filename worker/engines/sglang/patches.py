@@ -20,6 +20,7 @@ def before_import() -> None:
 
 def after_import() -> None:
     _per_request_seeds()
+    _repetition_penalty_over_the_prompt()
     _seeded_draws_in_vocabulary_order()
     _seeded_sampling_without_sgl_kernel()
     _native_attention_without_recomputation()
@@ -96,6 +97,33 @@ def _per_request_seeds() -> None:
         return info
 
     SamplingBatchInfo.from_schedule_batch = classmethod(from_schedule_batch)
+
+
+def _repetition_penalty_over_the_prompt() -> None:
+    """SGLang's repetition penalty counts generated tokens only
+    (``sampling/penaltylib/repetition_penalty.py:32-57``: ``_prepare`` starts every row at 1,
+    ``_cumulate_output_tokens`` marks each generated token). transformers' processor, which the
+    official Qwen packages run, and vLLM count the prompt's tokens too, as the project's torch
+    engine does (``worker/stages/sampling.py``), so the same request would repeat differently on
+    the two engines. Each row starts with its prompt's tokens marked (the ids before SGLang pads
+    a clip or an image: the placeholder tokens, as transformers sees them). Goes when SGLang
+    counts the prompt."""
+    import torch
+    from sglang.srt.sampling.penaltylib.repetition_penalty import BatchedRepetitionPenalizer
+
+    prepare = BatchedRepetitionPenalizer._prepare
+
+    def _prepare(self) -> None:
+        prepare(self)
+        vocab = self.orchestrator.vocab_size
+        rows = self.cumulated_repetition_penalties
+        for row, req in enumerate(self.orchestrator.reqs()):
+            penalty = req.sampling_params.repetition_penalty
+            if penalty != 1.0:
+                ids = [i for i in req.origin_input_ids_unpadded if 0 <= i < vocab]
+                rows[row, torch.tensor(ids, dtype=torch.int64, device=rows.device)] = penalty
+
+    BatchedRepetitionPenalizer._prepare = _prepare
 
 
 def _seeded_draws_in_vocabulary_order() -> None:

@@ -5,7 +5,7 @@ optional ``aligner`` stage: Qwen3-ForcedAligner word timestamps, ``aligner``).""
 
 from __future__ import annotations
 
-from planner.spec import Backend, Executor
+from planner.spec import Executor
 from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_asr"
@@ -27,10 +27,6 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             f"decoder) and optionally an encoder stage (the forced aligner); not "
             f"{ctx.stage.executor}"
         )
-    if ctx.stage.engine.backend == Backend.SGLANG:
-        from worker.models.qwen3_asr.asr_sglang import SGLangASRExecutor
-
-        return SGLangASRExecutor(ctx)
-    from worker.models.qwen3_asr.stages import ASRExecutor
+    from worker.models.qwen3_asr.stages import ASRExecutor  # (on the spec's engine)
 
     return ASRExecutor(ctx)

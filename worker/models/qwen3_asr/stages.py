@@ -1,11 +1,14 @@
 """Qwen3-ASR's one stage: audio encoder + Qwen3 decoder (component: the whole model).
 
 A transcription request becomes clips cut near pauses (``processor``: at most 1200 s each, 180 s
-when timestamps are wanted); every clip is a decode of its own, and all running clips of all
-requests step together (one batched decoder step per ``step``). When a clip ends, its text goes
-out as one delta, preceded by a control delta (``CLIP_MARK`` + JSON: the language the model
-wrote, the clip's start and end in seconds), which the transcription API turns into
-``language`` and segments. Greedy, as the official package decodes.
+when timestamps are wanted); every clip is a request of the stage's engine
+(``worker.engines.base``: SGLang's scheduler running SGLang's own Qwen3-ASR with
+``engine.backend: sglang``, as the shipped specs do, or the project's ``asr_torch``), and all
+running clips of all requests step together (one engine step per ``step``). When a clip ends,
+its text goes out as one delta, preceded by a ``clip`` output (the language the model wrote,
+the clip's start and end in seconds: a ``ClipStart`` event), which the transcription API turns
+into ``language`` and segments. Greedy unless the request samples (``temperature``), as the official
+package decodes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.spec import Backend
+from worker.engines.base import Engine, EngineRequest
 from worker.models.qwen3_asr.processor import (
     MAX_ALIGN_CLIP_SECONDS,
     MAX_CLIP_SECONDS,
@@ -27,16 +32,15 @@ from worker.stages.base import (
     FINAL,
     INVALID,
     OUT,
+    REQUEST_INPUT,
     Output,
     RequestMeta,
     RequestPreprocessor,
     StageExecutor,
 )
-from worker.stages.sampling import SamplerState, Sampling, pick
+from worker.stages.request import RequestInput, TranscriptionOptions
+from worker.stages.sampling import SamplerState, Sampling
 
-CLIP_MARK = "\x00clip:"  # a text delta starting with this describes the clip whose text follows
-WORDS_MARK = "\x00words:"  # ... holds the aligner's word timestamps (JSON [word, start, end])
-OPTIONS_ROLE = "asr_options"
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 
 
@@ -50,8 +54,6 @@ class _Clip:
     end: float = 0.0
     samples: Any = None  # the clip's audio, kept for the aligner when timestamps are wanted
     text: str = ""
-    cache: Any = None
-    hidden: Any = None
     tokens: list[int] = field(default_factory=list)
     done: bool = False
     sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
@@ -72,32 +74,30 @@ class ASRExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
-        from worker.models.qwen3_asr.modeling import Qwen3ASRModel
-        from worker.models.qwen3_tts.weights import load_stage_weights
-
-        self.torch = torch
-        ck = self.ctx.checkpoint
-        config = json.loads((ck / "config.json").read_text())
-        with torch.device("meta"):
-            model = Qwen3ASRModel(config)
-        dtype = torch_dtype(self.ctx.stage.dtype)
-        load_stage_weights(model, self.ctx, ck, dtype=dtype, component=self.ctx.stage.component)
-        self.model = model.eval()
-        self._setup(config)
-
-    def _setup(self, config: dict) -> None:
-        """What both decoders (this one and SGLang's, ``asr_sglang``) keep of a request."""
         from worker.models.qwen3_asr.processor import ASRProcessor
 
-        self.processor = ASRProcessor(self.ctx.checkpoint)
+        self.torch = torch
+        ctx = self.ctx
+        config = json.loads((ctx.checkpoint / "config.json").read_text())
+        self.engine: Engine
+        self.on_sglang = ctx.stage.engine.backend == Backend.SGLANG
+        if self.on_sglang:
+            from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+
+            self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
+        else:
+            from worker.models.qwen3_asr.asr_torch import TorchASREngine
+
+            self.engine = TorchASREngine(ctx)
+        self.processor = ASRProcessor(ctx.checkpoint)
         self.eos = set(EOS) | {token_id(self.processor.tokenizer, "<|im_end|>")}
-        self.max_new = self.ctx.stage.engine.max_new_tokens
-        self.max_running = self.ctx.max_running_requests
+        self.max_new = ctx.stage.engine.max_new_tokens
         self.audio_id = config["thinker_config"]["audio_token_id"]
-        self.pending: list[tuple[str, dict, Sampling | None]] = []
+        self.pending: list[tuple[str, RequestInput, Sampling | None]] = []
         self.requests: dict[str, _Req] = {}
         self.running: list[_Clip] = []
         self.waiting: list[_Clip] = []
+        self.live: dict[str, _Clip] = {}  # engine request id -> clip
 
     def warmup(self) -> None:
         import numpy as np
@@ -106,7 +106,7 @@ class ASRExecutor(StageExecutor):
         self.start(
             "warmup",
             RequestMeta("transcription", frozenset({"text"})),
-            {"request": {"kind": "transcription", "audio": wav}},
+            {REQUEST_INPUT: RequestInput("transcription", audio=wav)},
         )
         limit, self.max_new = self.max_new, 2  # a few steps warm every kernel
         try:
@@ -116,32 +116,36 @@ class ASRExecutor(StageExecutor):
             self.max_new = limit
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append((rid, inputs["request"], meta.sampling))
+        self.pending.append((rid, inputs[REQUEST_INPUT], meta.sampling))
 
     def abort(self, rid: str) -> None:
         self.pending = [p for p in self.pending if p[0] != rid]
         self.requests.pop(rid, None)
         self.running = [c for c in self.running if c.rid != rid]
         self.waiting = [c for c in self.waiting if c.rid != rid]
+        for key in [k for k, c in self.live.items() if c.rid == rid]:
+            del self.live[key]
+            self.engine.abort(key)
 
     def next_deadline(self) -> float | None:
-        return 0.0 if self.queue_depth() else None
+        return 0.0 if self.queue_depth() or self.engine.has_work() else None
 
     def queue_depth(self) -> int:
         return len(self.pending) + len(self.requests)
 
-    def _accept(self, rid: str, req: dict, sampling: Sampling | None = None) -> list[Output]:
-        audio = req.get("audio")
+    def _accept(
+        self, rid: str, req: RequestInput, sampling: Sampling | None = None
+    ) -> list[Output]:
+        audio = req.audio
         if audio is None or len(audio) == 0:
             return [(INVALID, rid, f"{self.ctx.name}: transcription without audio")]
-        messages = req.get("messages") or []
-        opts: dict[str, Any] = next((m for m in messages if m.get("role") == OPTIONS_ROLE), {})
+        opts = req.transcription or TranscriptionOptions()
         try:
-            language = self.processor.language(opts.get("language"))
+            language = self.processor.language(opts.language)
         except ValueError as exc:
             return [(INVALID, rid, f"{self.ctx.name}: {exc}")]
-        timestamps = bool(opts.get("timestamps")) and bool(self.ctx.stage.next)
-        context = opts.get("prompt") or ""
+        timestamps = opts.timestamps and bool(self.ctx.stage.next)
+        context = opts.prompt or ""
         longest = min(
             MAX_ALIGN_CLIP_SECONDS if timestamps else MAX_CLIP_SECONDS,
             self._seconds_in_context(context, language),
@@ -185,31 +189,6 @@ class ASRExecutor(StageExecutor):
         room = self.ctx.stage.engine.context_length - len(prompt) - self.max_new
         return room // 13 - 1 - PAUSE_SEARCH_SECONDS
 
-    def _prefill(self, c: _Clip) -> None:
-        from worker.models.qwen3_tts.modeling import KVCache
-
-        torch = self.torch
-        th = self.model.thinker
-        ids = torch.tensor([c.ids], device=self.ctx.device)
-        x = th.model.embed_tokens(ids)
-        audio = th.audio_tower(c.features.to(self.ctx.device, x.dtype))
-        mask = ids[0] == self.audio_id
-        x[0, mask] = audio.to(x.dtype)
-        c.cache = KVCache.empty(th.model.s.num_layers)
-        c.hidden = th.model.prefill(x, c.cache)[:, -1:]
-        self._pick([c])
-
-    def _pick(self, clips: list[_Clip]) -> None:
-        torch = self.torch
-        h = torch.cat([c.hidden for c in clips])[:, -1]
-        logits = self.model.thinker.logits(h).float()
-        toks = pick(torch, logits, [c.sampler for c in clips])  # (greedy: the argmax)
-        for c, t in zip(clips, toks, strict=True):
-            c.sampler.add(t)
-            c.tokens.append(t)
-            if t in self.eos or len(c.tokens) >= self.max_new:
-                c.done = True
-
     def step(self) -> list[Output]:
         outs: list[Output] = []
         while self.pending:
@@ -218,31 +197,67 @@ class ASRExecutor(StageExecutor):
         return outs + self._finished_clips()
 
     def _decode(self) -> None:
-        """Start waiting clips and advance every running one by a token."""
-        torch = self.torch
-        with torch.inference_mode():
-            while self.waiting and len(self.running) < self.max_running:
-                c = self.waiting.pop(0)
-                self._prefill(c)
-                self.running.append(c)
-            live = [c for c in self.running if not c.done]
-            if live:
-                th = self.model.thinker
-                x = th.model.embed_tokens(
-                    torch.tensor([[c.tokens[-1]] for c in live], device=self.ctx.device)
+        """Hand waiting clips to the engine (it queues what does not fit), run one engine
+        step, and keep each clip's new tokens."""
+        for c in self.waiting:
+            key = f"{c.rid}/{c.index}"
+            self.live[key] = c
+            self.engine.submit(
+                EngineRequest(
+                    key,
+                    list(c.ids),
+                    self.max_new,
+                    sampling=c.sampler.sampling,
+                    stop_token_ids=frozenset(self.eos),
+                    multimodal=self._audio(c),
                 )
-                h = th.model.step(x, [c.cache for c in live])
-                for i, c in enumerate(live):
-                    c.hidden = h[i : i + 1]
-                self._pick(live)
+            )
+            self.running.append(c)
+        self.waiting = []
+        for ev in self.engine.step():
+            clip = self.live.get(ev.rid)
+            if clip is None:
+                continue
+            clip.tokens += ev.tokens
+            if ev.finish is not None:
+                del self.live[ev.rid]
+                clip.done = True
+
+    def _audio(self, c: _Clip) -> Any:
+        """The clip's audio in the engine's form: its Whisper features as SGLang's multimodal
+        item (keyed by a hash of them; the checkpoint's rope gives every section the same
+        position, so the prompt's positions are plain ones), or the features themselves."""
+        torch = self.torch
+        features = torch.as_tensor(c.features, dtype=torch.float32)
+        if not self.on_sglang:
+            return features
+        from sglang.srt.managers.schedule_batch import (
+            Modality,
+            MultimodalDataItem,
+            MultimodalInputs,
+        )
+
+        where = [i for i, t in enumerate(c.ids) if t == self.audio_id]
+        item = MultimodalDataItem(
+            modality=Modality.AUDIO, offsets=[(where[0], where[-1])], feature=features[None]
+        )
+        frames = item.feature.shape[-1]
+        item.set("feature_attention_mask", torch.ones(1, frames, dtype=torch.long))
+        item.set_pad_value()
+        n = len(c.ids)
+        return MultimodalInputs(
+            mm_items=[item],
+            audio_token_id=self.audio_id,
+            mrope_positions=torch.arange(n)[None].expand(3, n).clone(),
+            mrope_position_delta=torch.zeros(1, 1, dtype=torch.long),
+        )
 
     def _finished_clips(self) -> list[Output]:
-        """Each request's clips in order as they finish: a clip mark, its text; then the
+        """Each request's clips in order as they finish: its ``clip`` output, its text; then the
         request's end (and, with timestamps, its clips for the aligner)."""
         outs: list[Output] = []
         for c in [c for c in self.running if c.done]:
             self.running.remove(c)
-            c.cache = None
         for rid, r in list(self.requests.items()):
             while r.next_out < len(r.clips) and r.clips[r.next_out].done:
                 c = r.clips[r.next_out]
@@ -250,8 +265,7 @@ class ASRExecutor(StageExecutor):
                 r.completion_tokens += len(c.tokens)
                 lang, text = self.processor.parse(self.processor.decode(toks), r.language)
                 c.text = text
-                mark = {"language": lang, "start": c.start, "end": c.end}
-                outs.append((OUT, rid, ("text", CLIP_MARK + json.dumps(mark))))
+                outs.append((OUT, rid, ("clip", (lang, c.start, c.end))))
                 outs.append((OUT, rid, ("text", text)))
                 r.next_out += 1
             if r.next_out == len(r.clips):
@@ -270,9 +284,9 @@ class ASRExecutor(StageExecutor):
         return outs
 
 
-class AlignerExecutor(RequestPreprocessor):
+class AlignerExecutor(RequestPreprocessor[dict[str, Any]]):
     """Qwen3-ForcedAligner (component: the checkpoint's ``forced_aligner/``): word times for the
-    clips the asr stage hands over, sent as one ``WORDS_MARK`` delta ([word, start, end] in
+    clips the asr stage hands over, sent as one ``words`` output ([word, start, end] in
     seconds); a request that wants no timestamps hands over no clips and passes straight on.
     One request per step in arrival order, as preprocessing queues them."""
 
@@ -311,5 +325,5 @@ class AlignerExecutor(RequestPreprocessor):
         outs: list[Output] = []
         if request.get("clips"):
             stamps = self.prepare(request)["words"]
-            outs.append((OUT, rid, ("text", WORDS_MARK + json.dumps(stamps))))
+            outs.append((OUT, rid, ("words", stamps)))
         return [*outs, (DONE, rid, {})]

@@ -9,7 +9,7 @@ the vision encoder (``thinker.model.audio_tower`` / ``thinker.model.visual``), t
 
 from __future__ import annotations
 
-from planner.spec import Backend, Executor
+from planner.spec import Executor
 from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -34,9 +34,7 @@ def make_executor(ctx: StageContext) -> StageExecutor:
         from worker.models.qwen3_omni.encoders import AudioTowerExecutor as cls
     elif module == "thinker.model.visual":
         from worker.models.qwen3_omni.encoders import VisionExecutor as cls
-    elif module == "thinker" and ctx.stage.engine.backend == Backend.SGLANG:
-        from worker.models.qwen3_omni.thinker_sglang import SGLangThinkerExecutor as cls
-    elif module == "thinker":
+    elif module == "thinker":  # (on the spec's engine: SGLang's or the torch one)
         from worker.models.qwen3_omni.thinker import ThinkerExecutor as cls
     elif module == "talker":
         from worker.models.qwen3_omni.talker import TalkerExecutor as cls

@@ -24,18 +24,6 @@ def load(ctx: StageContext) -> tuple[Any, Any]:
     return Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint), module
 
 
-def check_prompt(n: int, context_length: int, kv_tokens: int) -> None:
-    """ValueError (a 400 ``context_length_exceeded``) for a thinker prompt of ``n`` tokens that
-    could never run: over the context, or over the plan's KV pool (``kv_tokens``; 0: none)."""
-    if n >= context_length:
-        raise ValueError(f"prompt of {n} tokens exceeds the context length {context_length}")
-    if kv_tokens and n >= kv_tokens:
-        raise ValueError(
-            f"prompt of {n} tokens exceeds the context length {kv_tokens} that this stage's "
-            "KV pool holds"
-        )
-
-
 def on_device(x: Any, device: Any, dtype: Any = None) -> Any:
     """An input array as a tensor on ``device`` (in ``dtype``): a tensor that a stage of this
     process handed over is used as it is (no copy when device and dtype match already), a

@@ -1,8 +1,10 @@
 """Preprocessing (CPU): a request -> Qwen3-Omni's model inputs, through the model's processor.
 
-Chat: the messages as they are (text, audio and image parts). Transcription: the audio with an
-instruction. Speech: the text to speak is forced as the assistant's reply, so the talker voices
-exactly that text (the thinker encodes it instead of generating).
+Completion: the prompt's tokens as they are, no template. Chat: the messages as they are (text,
+audio and image parts). Transcription: the audio with an instruction (naming the language hint),
+after the request's prompt as the system's context. Speech: the text to speak is forced as the
+assistant's reply, so the talker voices exactly that text (the thinker encodes it instead of
+generating).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import numpy as np
 
 from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
 from worker.stages.base import RequestPreprocessor
+from worker.stages.preprocess import completion_ids
+from worker.stages.request import RequestInput, TranscriptionOptions
 
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 
 
-class OmniPreprocess(RequestPreprocessor):
+class OmniPreprocess(RequestPreprocessor[RequestInput]):
     def load(self) -> None:
         self.processor = OmniProcessor(self.ctx.checkpoint)
         # the thinker's context: a prompt that cannot fit is refused before any encoder runs
@@ -33,39 +37,46 @@ class OmniPreprocess(RequestPreprocessor):
     def warmup(self) -> None:
         silence = np.zeros(1600, dtype=np.float32)
         content = [{"type": "audio", "audio": silence}, {"type": "text", "text": "hi"}]
-        self.prepare({"kind": "chat", "messages": [{"role": "user", "content": content}]})
+        self.prepare(RequestInput("chat", [{"role": "user", "content": content}]))
 
-    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
-        kind = req["kind"]
+    def prepare(self, req: RequestInput) -> dict[str, Any]:
+        kind = req.kind
+        if kind == "completion":
+            ids = completion_ids(req, self.processor.tokenizer)
+            self._check_length(len(ids))
+            return {"input_ids": ids, "audio_lens": [], "voice": None}
         forced: list[int] | None = None
         if kind == "speech":
-            text = req.get("text", "")
+            text = req.text
             if not text.strip():
                 raise ValueError("speech request without text")
             messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
             forced = self.processor.tokenizer.encode(text, add_special_tokens=False)
         elif kind == "transcription":
-            if req.get("audio") is None:
+            if req.audio is None:
                 raise ValueError("transcription request without audio")
-            content = [{"type": "audio", "audio": req["audio"]}]
-            messages = [
-                {
-                    "role": "user",
-                    "content": [*content, {"type": "text", "text": TRANSCRIBE_INSTRUCTION}],
-                }
-            ]
+            opts = req.transcription or TranscriptionOptions()
+            instruction = TRANSCRIBE_INSTRUCTION
+            if opts.language:
+                instruction += f" The audio is in {opts.language}."
+            content = [{"type": "audio", "audio": req.audio}, {"type": "text", "text": instruction}]
+            # the request's prompt (words, spellings, the text before) as the system's context
+            messages = [{"role": "system", "content": opts.prompt}] if opts.prompt else []
+            messages.append({"role": "user", "content": content})
         else:  # a chat: each media part stands in its own turn, in order (worker.api.chat)
-            messages = [dict(m) for m in req.get("messages", [])]
+            messages = [dict(m) for m in req.messages]
         for part in media_parts(messages, "audio"):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
-        prepared = self.processor.prepare(messages, req.get("tools")).payload()
-        n = len(prepared["input_ids"])
+        prepared = self.processor.prepare(messages, req.tools).payload()
+        self._check_length(len(prepared["input_ids"]))
+        prepared["voice"] = req.voice
+        if forced is not None:
+            prepared["forced_ids"] = forced
+        return prepared
+
+    def _check_length(self, n: int) -> None:
         if self.context_length is not None and n >= self.context_length:
             raise ValueError(
                 f"prompt of {n} tokens exceeds the context length {self.context_length}"
             )
-        prepared["voice"] = req.get("voice")
-        if forced is not None:
-            prepared["forced_ids"] = forced
-        return prepared

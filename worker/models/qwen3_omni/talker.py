@@ -8,8 +8,11 @@ feeds the sum of the previous frame's code embeddings plus the projection of the
 next text token (``tts_eos`` after the last one, ``tts_pad`` from then on), so a step needs
 only the next two of the thinker's tokens, not the whole reply: audio starts while the thinker
 is still writing. The talker predicts a frame's first code; its code predictor the others.
-Greedy decoding with the reference's processors (repetition penalty 1.05 on first codes, the
-control codes suppressed).
+Each is picked as ``generate`` picks it: the control codes suppressed, then the request's
+talker sampling (``worker.stages.talker_sampling``): by default the checkpoint's ``talker_*``
+generation settings (``generate``'s own defaults: sampled at temperature 0.9, top-k 50,
+repetition penalty 1.05 on the first codes) and, for the code predictor, its config's
+``do_sample`` (greedy on the released checkpoints).
 """
 
 from __future__ import annotations
@@ -21,11 +24,44 @@ from typing import Any
 import numpy as np
 
 from worker.models.qwen3_omni.common import load, on_device
-from worker.stages.base import CHUNK, DONE, END, INVALID, Output, RequestMeta, StageExecutor
+from worker.stages.base import (
+    CHUNK,
+    DONE,
+    END,
+    INVALID,
+    Output,
+    RequestMeta,
+    StageExecutor,
+    check_prompt,
+)
+from worker.stages.generation_config import read_generation_config
 from worker.stages.kvbatch import KVBatch
+from worker.stages.sampling import SamplerState
+from worker.stages.talker_sampling import (
+    TalkerSampling,
+    pick_codes,
+    predictor_choice,
+    sampled,
+)
 
-REPETITION_PENALTY = 1.05  # Qwen3OmniMoeForConditionalGeneration.generate's default
 DEFAULT_SPEAKER = "ethan"
+
+
+def checkpoint_sampling(config: Any, generation_config: dict[str, Any]) -> TalkerSampling:
+    """How the checkpoint's talker samples: its ``talker_*`` generation settings, else
+    ``Qwen3OmniMoeForConditionalGeneration.generate``'s defaults; the code predictor by its
+    config's ``do_sample``, then with the top-k 50 and top-p 0.8 its forward passes."""
+    g = generation_config
+    talker = sampled(
+        float(g.get("talker_temperature", 0.9)) if g.get("talker_do_sample", True) else 0.0,
+        int(g.get("talker_top_k", 50)),
+        float(g.get("talker_top_p", 1.0)),
+        float(g.get("talker_repetition_penalty", 1.05)),
+    )
+    predictor = config.talker_config.code_predictor_config
+    sample = bool(getattr(predictor, "do_sample", False))
+    subtalker = sampled(float(getattr(predictor, "temperature", 1.0)) if sample else 0.0, 50, 0.8)
+    return TalkerSampling(talker, subtalker)
 
 
 @dataclass(slots=True)
@@ -35,6 +71,8 @@ class _Request:
     prompt: dict[str, Any]  # preprocessing's payload: ids, audio lengths, image grid
     speaker: int
     max_new: int
+    first_picks: SamplerState  # how its first codes are picked
+    rest_picks: SamplerState  # how the code predictor's are
     first: dict[str, Any] | None = None  # the thinker's prompt states
     tokens: list[int] = field(default_factory=list)
     embeds: list[Any] = field(default_factory=list)  # thinker embeddings of the reply (rows)
@@ -72,6 +110,9 @@ class TalkerExecutor(StageExecutor):
         # together with an image or video failed there (in generate too): lend it the thinker's
         if not hasattr(self.talker.config, "audio_config"):
             self.talker.config.audio_config = self.config.thinker_config.audio_config
+        self.sampling = checkpoint_sampling(
+            self.config, read_generation_config(self.ctx.component_dir())
+        )
         self.pending: list[_Request] = []
         self.running: dict[str, _Request] = {}
         self.batch = KVBatch()
@@ -101,12 +142,17 @@ class TalkerExecutor(StageExecutor):
         prompt = inputs["preprocessing"]
         voice = (meta.voice or prompt.get("voice") or DEFAULT_SPEAKER).lower()
         speakers = {k.lower(): v for k, v in (self.tc.speaker_id or {}).items()}
+        first_picks, rest_picks = self.sampling.with_request(meta.speech_sampling).states(
+            self.torch, self.ctx.device
+        )
         r = _Request(
             rid,
             meta,
             prompt,
             speaker=speakers.get(voice, -1),
             max_new=self.ctx.stage.engine.max_new_tokens,
+            first_picks=first_picks,
+            rest_picks=rest_picks,
         )
         if r.speaker < 0:
             r.finish = f"unknown voice {voice!r}; built-in voices: {sorted(speakers)}"
@@ -146,7 +192,9 @@ class TalkerExecutor(StageExecutor):
     def step(self) -> list[Output]:
         outs: list[Output] = []
         with self.torch.inference_mode():
-            for r in [r for r in self.pending if self._can_prefill(r)]:
+            for r in list(self.pending):
+                if not self._can_prefill(r):  # (asked again after each: room is taken)
+                    continue
                 self.pending.remove(r)
                 if r.speaker < 0:
                     outs.append((INVALID, r.rid, f"{self.ctx.name}: {r.finish}"))
@@ -169,7 +217,13 @@ class TalkerExecutor(StageExecutor):
             return True
         if len(self.running) >= self.ctx.max_running_requests:
             return False
-        return r.first is not None and (bool(r.tokens) or r.ended)
+        if r.first is None or not (r.tokens or r.ended):
+            return False
+        # within the plan's KV pool, as the thinker admits; the talker's prompt is at most the
+        # thinker prompt's user turns and 9 more positions (what ``_prefill`` builds)
+        return not self.running or self.batch.fits(
+            len(r.prompt["input_ids"]) + 9, self.ctx.kv_tokens
+        )
 
     def _ready(self, r: _Request) -> bool:
         """Step k needs the thinker's token k + 1 and to know whether it is the last one."""
@@ -227,6 +281,7 @@ class TalkerExecutor(StageExecutor):
             [torch.zeros(3, text.shape[1], device=dev, dtype=dtype), self.codec_embed(control)]
         )
         inputs = torch.cat([user_part, text + codec])[None]
+        check_prompt(inputs.shape[1], self.ctx.stage.engine.context_length, self.ctx.kv_tokens)
         talker_ids = torch.cat([ids[user], torch.full((9,), cfg.tts_pad_token_id, device=dev)])[
             None
         ]
@@ -275,7 +330,7 @@ class TalkerExecutor(StageExecutor):
         dev = self.ctx.device
         last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
         past = torch.cat([r.past_hidden for r in rows])
-        residual = self._residual_codes(past, last)  # (B, groups - 1)
+        residual = self._residual_codes(past, last, rows)  # (B, groups - 1)
         frame_sum = self.codec_embed(last)[:, 0]
         for j in range(self.groups - 1):
             frame_sum = frame_sum + self.predictor.model.codec_embedding[j](residual[:, j])
@@ -300,7 +355,9 @@ class TalkerExecutor(StageExecutor):
         self.deltas = torch.tensor([r.delta for r in full], device=dev)
         positions = torch.tensor([r.pos for r in full], device=dev)
         logits, hidden = self.batch.step(self._forward, step_embeds, valid, positions, True)
-        codes = self._pick(logits, full)
+        # (only the ready rows draw: a bubble's draw would tie its codes to the schedule)
+        ready = [i for i, r in enumerate(full) if r.rid in index]
+        codes = dict(zip(ready, self._pick(logits[ready], [full[i] for i in ready]), strict=True))
         done: set[str] = set()
         for i, r in enumerate(full):
             if r.rid not in index:
@@ -315,17 +372,22 @@ class TalkerExecutor(StageExecutor):
             self.batch.leave(done)
         return outs
 
-    def _residual_codes(self, past: Any, first: Any) -> Any:
-        """The code predictor, greedy: codes 1..groups-1 of the frame whose first code is
-        ``first``, from the talker's hidden state that predicted it."""
+    def _residual_codes(self, past: Any, first: Any, rows: list[_Request]) -> Any:
+        """The code predictor: codes 1..groups-1 of the frame whose first code is ``first``,
+        from the talker's hidden state that predicted it, each picked by the rows' samplers."""
         torch = self.torch
         model = self.predictor.model
+        picked = predictor_choice(torch, [r.rest_picks for r in rows])
+
+        def choose(logits: Any) -> Any:
+            return logits.argmax(-1) if picked is None else picked(logits)
+
         out = model(inputs_embeds=torch.cat([past, self.codec_embed(first)], dim=1), use_cache=True)
-        codes = [self.predictor.lm_head[0](out.last_hidden_state[:, -1]).argmax(-1)]
+        codes = [choose(self.predictor.lm_head[0](out.last_hidden_state[:, -1]))]
         for j in range(1, self.groups - 1):
             e = model.codec_embedding[j - 1](codes[-1])[:, None]
             out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
-            codes.append(self.predictor.lm_head[j](out.last_hidden_state[:, -1]).argmax(-1))
+            codes.append(choose(self.predictor.lm_head[j](out.last_hidden_state[:, -1])))
         return torch.stack(codes, dim=1)
 
     def _trailing(self, r: _Request, k: int) -> Any:
@@ -358,17 +420,10 @@ class TalkerExecutor(StageExecutor):
         )
 
     def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
-        torch = self.torch
-        logits = logits.float().clone()
-        for i, r in enumerate(rows):
-            if r.codes:
-                seen = torch.tensor(r.codes, device=logits.device)
-                score = logits[i, seen]
-                logits[i, seen] = torch.where(
-                    score < 0, score * REPETITION_PENALTY, score / REPETITION_PENALTY
-                )
-        logits = logits.masked_fill(self.suppress, float("-inf"))
-        return logits.argmax(dim=-1).tolist()
+        """Each row's next first code: the control codes suppressed, then its sampler (the
+        repetition penalty over its first codes so far, and its draw)."""
+        logits = logits.float().masked_fill(self.suppress, float("-inf"))
+        return pick_codes(self.torch, logits, [r.first_picks for r in rows])
 
     def _finish(self, r: _Request) -> list[Output]:
         self.running.pop(r.rid, None)

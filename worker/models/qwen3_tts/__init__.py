@@ -7,10 +7,11 @@ batched greedy steps; the stage executors live in ``stages``.
 
 from __future__ import annotations
 
-MODEL_TYPE = "qwen3_tts"
+from planner.spec import Executor
+from worker.stages.base import StageContext, StageExecutor
 
-from planner.spec import Executor  # noqa: E402
-from worker.stages.base import StageContext, StageExecutor  # noqa: E402
+MODEL_TYPE = "qwen3_tts"
+VOICE_RATE = 24_000  # Hz: the rate at which a cloned voice's reference audio reaches the stages
 
 
 def runs_on_sglang(ctx: StageContext) -> bool:

@@ -1,13 +1,15 @@
-"""Greedy Qwen3-TTS generation, batched over requests, step by step.
+"""Qwen3-TTS generation, batched over requests, step by step.
 
 A request's talker prompt is built as the model defines it (``build_prompt``): optional
 instruction turn, the assistant role, codec control codes (think/nothink, language, speaker),
 then the text, either all at once (non-streaming text input) or one text token per generated
 frame (streaming text input, the ``trailing`` embeddings). Each step of ``TalkerEngine.step``
 advances every running request by one frame: one batched talker forward over their own KV
-caches, the first code picked from the codec head (repetition penalty, codes above the codebook
-suppressed except end-of-speech, end-of-speech forbidden for the first two frames), then the
-code predictor fills in the other code groups for the whole batch.
+caches, the first code picked from the codec head (codes above the codebook suppressed except
+end-of-speech, end-of-speech forbidden for the first two frames, then the request's talker
+sampling: the checkpoint's ``generation_config.json`` unless the request says otherwise), then
+the code predictor fills in the other code groups for the whole batch, each pass picked by the
+request's sub-talker sampling (``worker.stages.talker_sampling``).
 
 Limits follow the official generate: ``max_new_tokens`` counts generated first codes, the
 frame of the last one is never produced, so at most ``max_new_tokens - 1`` frames come out.
@@ -23,6 +25,13 @@ from typing import Any
 import torch
 
 from worker.models.qwen3_tts.modeling import KVCache, Qwen3TTSModel, speaker_mel
+from worker.stages.sampling import SamplerState
+from worker.stages.talker_sampling import (
+    TalkerSampling,
+    pick_codes,
+    predictor_choice,
+    sampled,
+)
 
 
 class TTSInputError(ValueError):
@@ -49,6 +58,14 @@ class Prompt:
     embeds: torch.Tensor  # (1, T, H)
     trailing: torch.Tensor  # (1, N, H): added to the inputs of the first N steps
     pad: torch.Tensor  # (1, 1, H): added after those
+    # streamed text: the trailing text is still growing (``PromptBuilder.extend``) and ends
+    # with ``eos`` once the text is complete
+    eos: torch.Tensor | None = None
+    text_done: bool = True
+
+    def ready(self, frames: int) -> bool:
+        """Whether the talker has what the step after ``frames`` frames adds to its input."""
+        return self.text_done or frames < self.trailing.shape[1]
 
 
 class PromptBuilder:
@@ -84,6 +101,31 @@ class PromptBuilder:
     def text_ids(self, text: str) -> torch.Tensor:
         return self.ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
+    def text_tokens(self, text: str, complete: bool = True) -> list[int]:
+        """The tokens of ``text`` as the prompt holds them. Of text still arriving, only its
+        complete words (up to its last whitespace): the tokens of a word cut in two may differ
+        from the whole word's, and those of complete words are the start of the whole text's."""
+        if not complete:
+            cut = max((i for i, ch in enumerate(text) if ch.isspace()), default=0)
+            text = text[:cut]
+            if not text.strip():
+                return []
+        return self.text_ids(text)[0, 3:-5].tolist()
+
+    @torch.inference_mode()
+    def extend(self, prompt: Prompt, tokens: list[int], done: bool) -> None:
+        """More of a streamed text for the talker to read, one token per frame; ``done``: it
+        is complete (end-of-text follows it)."""
+        t = self.talker
+        pieces = [prompt.trailing]
+        if tokens:
+            ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
+            pieces.append(t.text_embed(ids))
+        if done and prompt.eos is not None:
+            pieces.append(prompt.eos)
+        prompt.trailing = torch.cat(pieces, dim=1)
+        prompt.text_done = done
+
     @torch.inference_mode()
     def build(
         self,
@@ -96,8 +138,16 @@ class PromptBuilder:
         ref_text: str | None = None,
         ref_codes: torch.Tensor | None = None,
         non_streaming: bool = True,
+        text_done: bool = True,
+        tokens: list[int] | None = None,
     ) -> Prompt:
+        """``tokens``: the text's tokens (``text_tokens``) where they are known already.
+        ``text_done`` False: they are the start of a streamed text (the model's streaming-text
+        mode: ``non_streaming`` False, no reference codes), and ``extend`` adds the rest as it
+        comes."""
         t, tc, dev = self.talker, self.tc, self._device
+        if not text_done and (non_streaming or ref_codes is not None):
+            raise ValueError("a streamed text is read in streaming-text mode, without ref_codes")
 
         def codec(ids: list[int]) -> torch.Tensor:
             return t.codec_embed(torch.tensor([ids], dtype=torch.long, device=dev))
@@ -118,7 +168,14 @@ class PromptBuilder:
             dialect = (tc.get("spk_is_dialect") or {}).get(key)
             if lang in ("chinese", "auto") and dialect:
                 lang_id = langs[dialect]
-        ids = self.text_ids(text)
+        if tokens is None:
+            ids = self.text_ids(text)
+        else:  # the same around the given tokens: 3 before (role), 5 after (end, next role)
+            frame = self.text_ids("")
+            given = torch.tensor([tokens], dtype=torch.long, device=dev)
+            ids = torch.cat([frame[:, :3], given, frame[:, 3:]], dim=1)
+        if ids.shape[1] <= 8:
+            raise TTSInputError("the text has no words to speak")
         special = torch.tensor(
             [
                 [
@@ -178,8 +235,31 @@ class PromptBuilder:
             trailing = pad_e
         else:
             pieces.append(t.text_embed(ids[:, 3:4]) + codec_in[:, -1:])
-            trailing = torch.cat([t.text_embed(ids[:, 4:-5]), eos_e], dim=1)
-        return Prompt(torch.cat(pieces, dim=1), trailing, pad_e)
+            rest = [t.text_embed(ids[:, 4:-5])]
+            trailing = torch.cat([*rest, eos_e] if text_done else rest, dim=1)
+        return Prompt(torch.cat(pieces, dim=1), trailing, pad_e, eos_e, text_done)
+
+
+def checkpoint_sampling(generation_config: dict[str, Any]) -> TalkerSampling:
+    """How the checkpoint's talkers sample (``generation_config.json``), with the official
+    ``generate``'s defaults for what it does not say."""
+    g = generation_config
+
+    def settings(sample: str, prefix: str, penalty: float | None) -> Any:
+        return sampled(
+            float(g.get(f"{prefix}temperature", 0.9)) if g.get(sample, True) else 0.0,
+            int(g.get(f"{prefix}top_k", 50)),
+            float(g.get(f"{prefix}top_p", 1.0)),
+            penalty,
+        )
+
+    return TalkerSampling(
+        settings("do_sample", "", float(g.get("repetition_penalty", 1.05))),
+        settings("subtalker_dosample", "subtalker_", None),
+    )
+
+
+GREEDY = TalkerSampling(sampled(0.0, None, None, 1.05), sampled(0.0, None, None))
 
 
 @dataclass
@@ -187,12 +267,21 @@ class TalkerRequest:
     rid: str
     prompt: Prompt
     max_new_tokens: int
+    sampling: TalkerSampling = GREEDY
     cache: KVCache | None = None
     hidden: torch.Tensor | None = None  # (1, 1, H): last talker output
     token: int | None = None  # the first code waiting for its frame
     generated: list[int] = field(default_factory=list)  # first codes so far
     frames: int = 0
     done: bool = False
+    first: SamplerState | None = None  # how its first codes are picked (set by prefill)
+    rest: SamplerState | None = None  # how the code predictor's are
+
+    def samplers(self) -> tuple[SamplerState, SamplerState]:
+        """How its first codes and its code predictor's are picked (set by the prefill)."""
+        if self.first is None or self.rest is None:
+            raise RuntimeError(f"talker request {self.rid} picked before its prefill")
+        return self.first, self.rest
 
     def prefilled(self) -> tuple[KVCache, torch.Tensor]:
         """The cache and last hidden state that ``TalkerEngine.prefill`` left."""
@@ -204,7 +293,7 @@ class TalkerRequest:
 class TalkerEngine:
     """Runs many requests' talker steps as one batch."""
 
-    def __init__(self, model: Qwen3TTSModel, defaults: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: Qwen3TTSModel) -> None:
         self.model = model
         self.talker = model.talker
         tc = model.config["talker_config"]
@@ -213,26 +302,27 @@ class TalkerEngine:
         self.suppress = torch.ones(vocab, dtype=torch.bool)
         self.suppress[: vocab - 1024] = False
         self.suppress[self.eos] = False
-        self.repetition_penalty = float((defaults or {}).get("repetition_penalty", 1.05))
         self.min_new_tokens = 2
 
+    def masked(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        """The official generate's token masks on one row of first-code logits: the codes
+        above the codebook suppressed but end-of-speech, which waits for two frames
+        (``suppress_tokens``, ``min_new_tokens``; the sampler applies the rest)."""
+        logits = logits.float().masked_fill(self.suppress.to(logits.device), float("-inf"))
+        if len(generated) < self.min_new_tokens:
+            logits[self.eos] = float("-inf")
+        return logits
+
     def _pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
-        """logits (B, vocab) -> next first codes, as the official greedy generate picks them."""
-        logits = logits.float().clone()
-        p = self.repetition_penalty
-        for i, r in enumerate(reqs):
-            if p != 1.0 and r.generated:
-                idx = torch.tensor(sorted(set(r.generated)), device=logits.device)
-                s = logits[i, idx]
-                logits[i, idx] = torch.where(s < 0, s * p, s / p)
-            if len(r.generated) < self.min_new_tokens:
-                logits[i, self.eos] = float("-inf")
-        logits[:, self.suppress.to(logits.device)] = float("-inf")
-        return logits.argmax(-1).tolist()
+        """logits (B, vocab) -> next first codes, with the official generate's processors."""
+        rows = zip(logits, reqs, strict=True)
+        logits = torch.stack([self.masked(row, r.generated) for row, r in rows])
+        return pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
 
     @torch.inference_mode()
     def prefill(self, req: TalkerRequest) -> None:
         m = self.talker.model
+        req.first, req.rest = req.sampling.states(torch, m.norm.weight.device)
         req.cache = KVCache.empty(m.s.num_layers)
         h = m.prefill(req.prompt.embeds, req.cache)[:, -1:]
         req.hidden = h
@@ -255,7 +345,8 @@ class TalkerEngine:
         states = [r.prefilled() for r in reqs]
         hidden = torch.cat([h for _, h in states], dim=0)
         first_e = t.codec_embed(first)[:, None]
-        rest = t.code_predictor.predict(hidden, first_e)
+        choose = predictor_choice(torch, [r.samplers()[1] for r in reqs])
+        rest = t.code_predictor.predict(hidden, first_e, choose)
         frames = torch.cat([first[:, None], rest], dim=1)
         x = t.frame_embed(frames)
         adds = []
@@ -287,15 +378,16 @@ def generate(
     builder: PromptBuilder,
     texts: list[dict[str, Any]],
     max_new_tokens: int,
-    defaults: dict[str, Any] | None = None,
+    sampling: TalkerSampling = GREEDY,
 ) -> list[torch.Tensor]:
-    """Whole-utterance greedy generation for several requests at once: codes (frames, groups)."""
-    engine = TalkerEngine(model, defaults)
+    """Whole-utterance generation for several requests at once (greedy by default, as the
+    reference tests compare): codes (frames, groups)."""
+    engine = TalkerEngine(model)
     reqs = []
     for i, kw in enumerate(texts):
         kw = dict(kw)
         text = kw.pop("text")
-        r = TalkerRequest(str(i), builder.build(text, **kw), max_new_tokens)
+        r = TalkerRequest(str(i), builder.build(text, **kw), max_new_tokens, sampling)
         engine.prefill(r)
         reqs.append(r)
     out: dict[str, list[torch.Tensor]] = {r.rid: [] for r in reqs}

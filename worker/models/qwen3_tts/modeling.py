@@ -13,6 +13,7 @@ step together: a batched step left-pads the caches to the longest one and masks 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,9 +259,15 @@ class CodePredictor(nn.Module):
     def _proj(self, x):
         return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
 
-    def predict(self, hidden: torch.Tensor, first_embed: torch.Tensor) -> torch.Tensor:
-        """hidden, first_embed: (B, 1, talker_hidden) -> codes (B, groups - 1), greedy. All B
-        requests have the same length here, so the batch needs no padding."""
+    def predict(
+        self,
+        hidden: torch.Tensor,
+        first_embed: torch.Tensor,
+        choose: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """hidden, first_embed: (B, 1, talker_hidden) -> codes (B, groups - 1), each pass's
+        code chosen from its logits (B, vocab) by ``choose`` (None: greedy). All B requests
+        have the same length here, so the batch needs no padding."""
         m = self.model
         b = hidden.shape[0]
         x = self._proj(torch.cat([hidden, first_embed], dim=1))
@@ -273,7 +280,8 @@ class CodePredictor(nn.Module):
         h = m.norm(x)[:, -1:]
         out = []
         for j in range(self.groups - 1):
-            code = self.lm_head[j](h[:, -1]).argmax(-1)
+            logits = self.lm_head[j](h[:, -1])
+            code = logits.argmax(-1) if choose is None else choose(logits)
             out.append(code)
             if j == self.groups - 2:
                 break

@@ -11,20 +11,22 @@
   frames up to ``chunk_frames``: the first audio needs one talker step), so that the streamed
   waveform is the package's decode at any length (``worker.stages.vocoder_blocks``).
 
-Speech options travel in the request's ``messages`` as one ``{"role": "tts_options", ...}``
-entry (language, instructions, reference text, and ``voice_key``: an uploaded voice's content
-hash, under which its reference codes and speaker embedding are computed once, ``voice_cache``).
+A request's options arrive typed (``RequestInput.speech``: language, instructions, reference
+text, and ``voice_key``: an uploaded voice's content hash, under which its reference codes and
+speaker embedding are computed once, ``voice_cache``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from worker.models.qwen3_tts import VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
 from worker.models.stage_weights import torch_dtype
 from worker.stages.base import (
@@ -37,21 +39,15 @@ from worker.stages.base import (
     RequestMeta,
     RequestPreprocessor,
     StageExecutor,
+    check_prompt,
 )
+from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
 
-OPTIONS_ROLE = "tts_options"
-VOICE_RATE = 24_000  # Hz: the rate of reference audio handed to the stages
+log = logging.getLogger(__name__)
 
 
-def speech_options(messages: list[dict[str, Any]] | None) -> dict[str, Any]:
-    for m in messages or []:
-        if m.get("role") == OPTIONS_ROLE:
-            return dict(m)
-    return {}
-
-
-class TTSPreprocess(RequestPreprocessor):
+class TTSPreprocess(RequestPreprocessor[RequestInput]):
     def load(self) -> None:
         import torch
 
@@ -85,24 +81,24 @@ class TTSPreprocess(RequestPreprocessor):
         if self.encoder is not None:
             self.encoder.encode(self.torch.zeros(1920))
 
-    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("kind") != "speech":
+    def prepare(self, req: RequestInput) -> dict[str, Any]:
+        if req.kind != "speech":
             raise ValueError("this model only speaks: send text to /v1/audio/speech")
-        text = req.get("text") or ""
-        if not text.strip():
+        text = req.text
+        if not text.strip() and not req.text_follows:
             raise ValueError("input text is empty")
-        opts = speech_options(req.get("messages"))
-        lang = str(opts.get("language") or "auto").lower()
+        opts = req.speech or SpeechOptions()
+        lang = (opts.language or "auto").lower()
         langs = self.tc.get("codec_language_id") or {}
         if lang != "auto" and (lang not in langs or "dialect" in lang):
             known = ["auto", *sorted(k for k in langs if "dialect" not in k)]
-            raise ValueError(f"unknown language {opts.get('language')!r}; known: {known}")
-        out: dict[str, Any] = {"text": text, "language": lang}
-        if opts.get("instructions"):
-            out["instruct"] = str(opts["instructions"])
-        wav = req.get("voice_audio")
+            raise ValueError(f"unknown language {opts.language!r}; known: {known}")
+        out: dict[str, Any] = {"text": text, "language": lang, "text_follows": req.text_follows}
+        if opts.instructions:
+            out["instruct"] = opts.instructions
+        wav = req.voice_audio
         spk = {k.lower() for k in (self.tc.get("spk_id") or {})}
-        voice = (req.get("voice") or "").lower()
+        voice = (req.voice or "").lower()
         if wav is None:
             if self.config.get("tts_model_type") == "base":
                 raise ValueError(
@@ -110,7 +106,7 @@ class TTSPreprocess(RequestPreprocessor):
                     "(POST /v1/audio/voices) and name it"
                 )
             if voice not in spk:
-                raise ValueError(f"unknown voice {req.get('voice')!r}; built in: {sorted(spk)}")
+                raise ValueError(f"unknown voice {req.voice!r}; built in: {sorted(spk)}")
             out["speaker"] = voice
             return out
         if self.config.get("tts_model_type") != "base":
@@ -124,10 +120,10 @@ class TTSPreprocess(RequestPreprocessor):
         if not np.isfinite(wav).all() or float(np.abs(wav).max()) < 1e-4:
             raise ValueError("the voice's reference audio is silent")
         out["ref_wav"] = wav
-        key = opts.get("voice_key") or None
+        key = opts.voice_key
         if key:
             out["voice_key"] = key
-        ref_text = (opts.get("ref_text") or "").strip()
+        ref_text = (opts.ref_text or "").strip()
         if ref_text and self.encoder is not None:
             out["ref_text"] = ref_text
             out["ref_codes"] = self.voice_codes.get(key, lambda: self._encode(wav))
@@ -147,8 +143,14 @@ class _Req:
     payload: dict[str, Any]
     engine_req: Any = None
     prompt_tokens: int = 0
+    kv_need: int = 0  # KV positions it holds once admitted: its prompt and its frame budget
     frames: int = 0
     started: float = field(default_factory=time.monotonic)
+    # streamed text (``text_follows``): what arrived so far, whether it is complete, and the
+    # tokens the talker has been given
+    text: str = ""
+    text_done: bool = True
+    given: list[int] = field(default_factory=list)
 
 
 class TTSEngineExecutor(StageExecutor):
@@ -159,6 +161,7 @@ class TTSEngineExecutor(StageExecutor):
         from worker.models.qwen3_tts.engine import (
             PromptBuilder,
             TalkerEngine,
+            checkpoint_sampling,
             read_config,
         )
         from worker.models.qwen3_tts.modeling import Qwen3TTSModel
@@ -180,7 +183,8 @@ class TTSEngineExecutor(StageExecutor):
         self.model = model.eval()
         self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
         defaults = read_generation_config(ck)
-        self.engine = TalkerEngine(self.model, defaults)
+        self.engine = TalkerEngine(self.model)
+        self.sampling = checkpoint_sampling(defaults)
         # the spec's cap, within the checkpoint's own max_new_tokens (the package's default)
         self.max_new = min(
             self.ctx.stage.engine.max_new_tokens,
@@ -188,6 +192,9 @@ class TTSEngineExecutor(StageExecutor):
         )
         self.max_running = self.ctx.max_running_requests
         self.context = self.ctx.stage.engine.context_length
+        # the plan's KV pool (0: none): an admitted request holds its prompt's positions and
+        # its whole frame budget, so running requests never run out of room mid-utterance
+        self.kv_tokens = self.ctx.kv_tokens
         self.pending: list[_Req] = []
         self.running: dict[str, _Req] = {}
         self.voice_embeddings = VoiceCache()  # speaker embedding per uploaded voice
@@ -207,17 +214,66 @@ class TTSEngineExecutor(StageExecutor):
             self.step()
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.pending.append(_Req(rid, meta, inputs["preprocessing"]))
+        p = inputs["preprocessing"]
+        streamed = bool(p.get("text_follows"))
+        self.pending.append(_Req(rid, meta, p, text=p["text"], text_done=not streamed))
+
+    def feed(self, rid: str, src: str, data: Any) -> None:
+        """More of a streamed text (from the request: ``GenerationRequest.text_stream``)."""
+        r = self._find(rid)
+        if r is not None:
+            r.text += data["text"]
+            self._give(r)
+
+    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
+        r = self._find(rid)
+        if r is not None:
+            r.text_done = True
+            self._give(r)
+
+    def _find(self, rid: str) -> _Req | None:
+        return self.running.get(rid) or next((r for r in self.pending if r.rid == rid), None)
+
+    def _give(self, r: _Req) -> None:
+        """A running request's talker gets the streamed text's new complete words."""
+        if r.engine_req is None:
+            return
+        tokens = self.builder.text_tokens(r.text, r.text_done)
+        if tokens[: len(r.given)] != r.given:  # (what the talker read cannot be taken back)
+            log.warning("%s: streamed text tokenized apart from its start", r.rid)
+        new = tokens[len(r.given) :]
+        r.given += new
+        self.builder.extend(r.engine_req.prompt, new, r.text_done)
 
     def abort(self, rid: str) -> None:
         self.pending = [r for r in self.pending if r.rid != rid]
         self.running.pop(rid, None)
 
     def next_deadline(self) -> float | None:
-        return 0.0 if (self.pending or self.running) else None
+        """Now while a request can be admitted, stepped or finished; None while every one
+        waits for its streamed text."""
+        if len(self.running) < self.max_running and any(map(self._admissible, self.pending)):
+            return 0.0
+        if any(self._steppable(r) or r.engine_req.done for r in self.running.values()):
+            return 0.0
+        return None
 
     def queue_depth(self) -> int:
         return len(self.pending) + len(self.running)
+
+    def _kv_free(self) -> int:
+        if not self.kv_tokens:
+            return 1 << 62
+        return self.kv_tokens - sum(r.kv_need for r in self.running.values())
+
+    def _admissible(self, r: _Req) -> bool:
+        """Its text is complete, or has a complete word to start with."""
+        return r.text_done or bool(self.builder.text_tokens(r.text, False))
+
+    @staticmethod
+    def _steppable(r: _Req) -> bool:
+        req = r.engine_req
+        return not req.done and req.prompt.ready(req.frames)
 
     def _admit(self, r: _Req) -> list[Output]:
         from worker.models.qwen3_tts.engine import (
@@ -236,8 +292,16 @@ class TTSEngineExecutor(StageExecutor):
                     p.get("voice_key"), lambda: speaker_embedding(self.model, wav)
                 )
             ref_codes = p.get("ref_codes")
+            streamed = bool(p.get("text_follows"))
+            if streamed and ref_codes is not None:
+                raise TTSInputError(
+                    "streamed text is read in the model's streaming-text mode, which a voice "
+                    "cloned from its transcript does not use: upload it without one"
+                )
+            r.given = self.builder.text_tokens(r.text, r.text_done) if streamed else []
             prompt = self.builder.build(
-                p["text"],
+                r.text,
+                tokens=r.given if streamed else None,
                 language=p.get("language", "auto"),
                 speaker=p.get("speaker"),
                 instruct=p.get("instruct"),
@@ -245,24 +309,28 @@ class TTSEngineExecutor(StageExecutor):
                 ref_text=p.get("ref_text"),
                 ref_codes=None if ref_codes is None else torch.from_numpy(np.asarray(ref_codes)),
                 # as the package's defaults: built-in voices take the text at once
-                # (generate_custom_voice), clones one text token per frame (generate_voice_clone)
-                non_streaming=p.get("ref_wav") is None,
+                # (generate_custom_voice), clones one text token per frame (generate_voice_clone);
+                # streamed text is read one token per frame as it comes
+                non_streaming=p.get("ref_wav") is None and not streamed,
+                text_done=r.text_done,
             )
         except TTSInputError as exc:
             return [(INVALID, r.rid, f"{self.ctx.name}: {exc}")]
         r.prompt_tokens = int(prompt.embeds.shape[1])
-        if r.prompt_tokens >= self.context:
-            return [
-                (
-                    INVALID,
-                    r.rid,
-                    f"{self.ctx.name}: the prompt takes {r.prompt_tokens} positions, over the "
-                    f"context length {self.context}",
-                )
-            ]
+        try:
+            check_prompt(r.prompt_tokens, self.context, self.kv_tokens)
+        except ValueError as exc:
+            return [(INVALID, r.rid, f"{self.ctx.name}: {exc}")]
+        room = min(self.context, self.kv_tokens or self.context)
         max_new = int(p.get("max_new") or self.max_new)
-        max_new = max(1, min(max_new, self.context - r.prompt_tokens))
-        r.engine_req = TalkerRequest(r.rid, prompt, max_new)
+        if r.meta.max_tokens is not None:  # (a realtime response's max_output_tokens, in frames:
+            max_new = min(max_new, r.meta.max_tokens + 1)  # the last first code gets none)
+        max_new = max(1, min(max_new, room - r.prompt_tokens))
+        r.kv_need = r.prompt_tokens + max_new
+        if r.kv_need > self._kv_free():
+            return []  # the caller puts it back: it waits for room
+        sampling = self.sampling.with_request(r.meta.speech_sampling)
+        r.engine_req = TalkerRequest(r.rid, prompt, max_new, sampling)
         self.engine.prefill(r.engine_req)
         self.running[r.rid] = r
         if ref_codes is not None:
@@ -273,9 +341,22 @@ class TTSEngineExecutor(StageExecutor):
 
     def step(self) -> list[Output]:
         outs: list[Output] = []
+        waiting = []
         while self.pending and len(self.running) < self.max_running:
-            outs += self._admit(self.pending.pop(0))
-        live = [r for r in self.running.values() if not r.engine_req.done]
+            r = self.pending.pop(0)
+            if not self._admissible(r):
+                waiting.append(r)
+            elif r.kv_need > self._kv_free():
+                waiting.append(r)
+                break  # first come, first served: it waits for room in the KV pool
+            else:
+                outs += self._admit(r)
+                if r.engine_req is None and r.kv_need:
+                    waiting.append(r)  # built, but no room yet
+                    break
+        self.pending[:0] = waiting
+        # (a request reading streamed text sits out a step its next word has not reached)
+        live = [r for r in self.running.values() if self._steppable(r)]
         if live:
             frames = self.engine.step([r.engine_req for r in live])
             for r, f in zip(live, frames, strict=True):

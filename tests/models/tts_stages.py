@@ -1,0 +1,45 @@
+"""Qwen3-TTS's three stage executors in this process (preprocessing, the talker, the vocoder),
+driven as the stage host drives them: shared by the stage-level TTS tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from planner.spec import ModelSpec
+from worker.models.checkpoint import resolve_checkpoint
+from worker.models.registry import make_executor
+from worker.stages.base import DONE, OUT, StageContext
+
+
+def load_stages(spec_path: Path, cache: Path) -> dict:
+    """The spec's preprocessing, tts_engine and vocoder, loaded (the checkpoint built once)."""
+    spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
+    ck = resolve_checkpoint(spec, spec_path, cache, log=lambda _: None)
+    out = {}
+    for name in ("preprocessing", "tts_engine", "vocoder"):
+        ex = make_executor(StageContext(name, spec, spec.stages[name], ck, "cpu", 4))
+        ex.load()
+        out[name] = ex
+    return out
+
+
+def step(stages: dict, rid: str, pcm: list[bytes]) -> tuple[bool, bool]:
+    """One talker step if it has one to take (the host does not step a talker that waits),
+    its frames decoded at once: (a frame came, the request is done); audio appended to pcm."""
+    talker, vocoder = stages["tts_engine"], stages["vocoder"]
+    frame = done = False
+    if talker.next_deadline() is not None:
+        for kind, _, data in talker.step():
+            if kind == "chunk":
+                frame |= "codes" in data
+                vocoder.feed(rid, "tts_engine", data)
+            elif kind == "end":
+                vocoder.end_stream(rid, "tts_engine", data)
+    while vocoder.next_deadline() is not None:
+        for kind, _, data in vocoder.step():
+            if kind == OUT:
+                pcm.append(data[1].tobytes())
+            done |= kind == DONE
+    return frame, done

@@ -1,0 +1,103 @@
+"""The model families, one entry each, found by the checkpoint's ``model_type``.
+
+A family is one home under ``worker/models/`` (as SGLang-Omni keeps one folder per model): its
+stage executors, which of its stages SGLang serves, and what its API speaks beyond the common
+surface. The worker's service resolves its family once, for the endpoints; each stage process
+resolves it once, for its executors (``make_executor``). A checkpoint of no family is a plain
+transformers language model, served by the generic executors of ``worker.stages``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.spec import Backend, Executor
+from worker.models import qwen3_asr, qwen3_omni, qwen3_tts
+from worker.stages.base import StageContext, StageExecutor
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    model_type: str  # the checkpoint config.json's
+    make_executor: Callable[[StageContext], StageExecutor]
+    runs_on_sglang: Callable[[StageContext], bool]  # which of its stages `backend: sglang` serves
+    # speech: Qwen3-TTS's options (language, instructions) and voices cloned from uploads,
+    # whose reference audio reaches the stages at this rate (Hz); None: built-in voices only
+    speech_options: bool = False
+    voice_rate: int | None = None
+    # speech: text streamed in as it is written (the model's streaming-text mode)
+    streams_text: bool = False
+    # transcription: timed clips with the language the model wrote (segments), and word
+    # timestamps where the spec has an aligner stage
+    timed_transcripts: bool = False
+
+
+QWEN3_OMNI = Family(
+    "Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor, qwen3_omni.runs_on_sglang
+)
+QWEN3_TTS = Family(
+    "Qwen3-TTS",
+    qwen3_tts.MODEL_TYPE,
+    qwen3_tts.make_executor,
+    qwen3_tts.runs_on_sglang,
+    speech_options=True,
+    voice_rate=qwen3_tts.VOICE_RATE,
+    streams_text=True,
+)
+QWEN3_ASR = Family(
+    "Qwen3-ASR",
+    qwen3_asr.MODEL_TYPE,
+    qwen3_asr.make_executor,
+    qwen3_asr.runs_on_sglang,
+    timed_transcripts=True,
+)
+FAMILIES = {f.model_type: f for f in (QWEN3_OMNI, QWEN3_TTS, QWEN3_ASR)}
+
+
+@functools.cache
+def family_of(model_dir: Path) -> Family | None:
+    """The family of the checkpoint (or config directory) at ``model_dir``; None for a plain
+    model or where its config.json cannot be read."""
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    return FAMILIES.get(model_type)
+
+
+def make_executor(ctx: StageContext) -> StageExecutor:
+    """The executor of one stage: its family's, else the generic one of its executor kind."""
+    family = family_of(ctx.checkpoint)
+    if ctx.stage.engine.backend == Backend.SGLANG and (
+        family is None or not family.runs_on_sglang(ctx)
+    ):
+        # refused when the worker starts, not at the first request
+        raise ValueError(
+            f"stage {ctx.name}: engine.backend 'sglang' serves the Qwen3-Omni thinker and the "
+            "Qwen3-ASR decoder (the talkers, the aligner and plain models run on backend "
+            "'transformers')"
+        )
+    if family is not None:
+        return family.make_executor(ctx)
+    kind = ctx.stage.executor
+    cls: type[StageExecutor]
+    if kind == Executor.PREPROCESS:
+        from worker.stages.preprocess import PreprocessExecutor as cls
+    elif kind == Executor.AUTOREGRESSIVE:
+        from worker.stages.autoregressive import AutoregressiveExecutor as cls
+    elif kind == Executor.DECODE:
+        from worker.stages.decode import DecodeExecutor as cls
+    elif kind == Executor.AGGREGATE:
+        from worker.stages.aggregate import AggregateExecutor as cls
+    else:  # encoders and vocoders are model-specific: their family implements them
+        raise ValueError(
+            f"stage {ctx.name}: a {kind} stage needs a model family under worker/models/ "
+            f"({', '.join(f.name for f in FAMILIES.values())}); a plain transformers model "
+            "has none"
+        )
+    return cls(ctx)
