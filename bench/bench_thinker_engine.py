@@ -10,9 +10,10 @@ on the same checkpoint and token ids), plus what only the SGLang engine does:
   1,800-token prompt is prefilled, against their median gap;
 - spoken: a voice conversation's second turn (its first turn a long system prompt and a 10 s
   clip, answered with speech, then a short text turn), time to first audio when the first
-  turn's prompt is cached (the clip's hidden states kept for the talker) against a cold one.
+  turn's prompt is cached (the clip's hidden states kept for the talker, the clip encoded
+  once) against a cold one.
 
-    python bench/bench_thinker_engine.py [--only speed|prefix|chunked|spoken]
+    python bench/bench_thinker_engine.py [--only speed|prefix|chunked|spoken] [--no-encoder-cache]
 
 Run by hand on an otherwise idle machine (the three engines one after another); prints one
 JSON line per part.
@@ -46,10 +47,13 @@ SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 NEW_TOKENS = 64
 
 
-def spec_with(backend: str, tmp: Path) -> str:
+def spec_with(backend: str, tmp: Path, encoder_cache: bool = True) -> str:
     raw = yaml.safe_load(SPEC.read_text())
     raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
     raw["stages"]["thinker"]["engine"]["backend"] = backend
+    if not encoder_cache:
+        for encoder in ("audio_encoder", "image_encoder"):
+            raw["stages"][encoder].setdefault("engine", {})["encoder_cache_bytes"] = 0
     path = tmp / f"tiny-omni-{backend}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
@@ -290,13 +294,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["speed", "prefix", "chunked", "spoken"])
     parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "omni-bench"))
+    parser.add_argument(
+        "--no-encoder-cache",
+        action="store_true",
+        help="encode every clip again (the encoders' engine.encoder_cache_bytes 0)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-thinker-"))
     parts = [args.only] if args.only else ["speed", "prefix", "chunked", "spoken"]
     for backend in ("sglang", "transformers"):
         if backend == "transformers" and "speed" not in parts:
             break
-        ns = argparse.Namespace(spec=spec_with(backend, tmp), cache_dir=args.cache_dir)
+        spec = spec_with(backend, tmp, encoder_cache=not args.no_encoder_cache)
+        ns = argparse.Namespace(spec=spec, cache_dir=args.cache_dir)
         proc, url = start_worker(ns)
         try:
             if "speed" in parts:

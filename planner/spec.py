@@ -79,6 +79,13 @@ class EngineSettings(Strict):
         "a cached prefix with media (worker/models/qwen3_omni/media_states.py); 0: such "
         "prompts are computed whole",
     )
+    encoder_cache_bytes: int = Field(
+        256 * 2**20,
+        ge=0,
+        description="host memory for an encoder stage's outputs, kept per clip, image or video "
+        "by content, so that a conversation that sends it again (every turn resends the "
+        "history) does not encode it again (worker/models/qwen3_omni/encoders.py); 0: none",
+    )
     prefill_chunk_tokens: int = Field(
         2048,
         ge=1,

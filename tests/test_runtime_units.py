@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from planner.spec import ModelSpec
+from tests.plain_lm import SAMPLING, build_plain_lm
 from worker.models.checkpoint import load_component, resolve_checkpoint
 from worker.runtime import transport
 from worker.runtime.graph import REQUEST_INPUT, route
@@ -285,22 +286,7 @@ def _reference_greedy(model, prompt: list[int], steps: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def plain_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3ForCausalLM checkpoint with a byte-level tokenizer: what a bare LLM download
-    (configs/models/qwen3-8b.yaml) looks like, at toy size."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from worker.models.tokenizer import build_byte_tokenizer
-
-    out = tmp_path_factory.mktemp("plain-lm")
-    config = Qwen3Config(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-        bos_token_id=257, eos_token_id=258, pad_token_id=256, initializer_range=0.3,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(out)
-    build_byte_tokenizer(out)
-    return out
+    return build_plain_lm(tmp_path_factory.mktemp("plain-lm"))
 
 
 def test_step_batching_matches_unbatched_greedy_decoding(plain_lm: Path) -> None:
@@ -339,17 +325,19 @@ def test_step_batching_matches_unbatched_greedy_decoding(plain_lm: Path) -> None
 
 
 # ---- a real checkpoint directory, stages driven in-process -----------------------------------
-def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+@pytest.fixture(scope="module")
+def plain_stages(plain_lm: Path, tmp_path_factory) -> dict:
+    """The three stages of a plain model's spec (configs/models/qwen3-8b.yaml's, at toy size),
+    loaded in this process, the language model on the project's torch engine (SGLang's engine
+    builds its process groups once per process, which the thinker's tests hold: the spec's own
+    engine is tests/test_plain_model_fleet.py's, in a worker)."""
     from worker.models.registry import make_executor
-    from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta, StageContext
+    from worker.stages.base import StageContext
 
-    model_dir = plain_lm
     spec = ModelSpec.model_validate(
         {
             "name": "plain-lm",
-            "model_dir": str(model_dir),
+            "model_dir": str(plain_lm),
             "capabilities": {"endpoints": ["chat"]},
             "entry": "preprocessing",
             "stages": {
@@ -360,21 +348,33 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_
                     "device": "cpu",
                     "dtype": "fp32",
                     "stream_to": ["decode"],
-                    "engine": {"max_new_tokens": 12},
+                    "engine": {"max_new_tokens": 256, "backend": "transformers"},
                 },
                 "decode": {"executor": "decode", "device": "cpu", "terminal": True},
             },
         }
     )
-    assert resolve_checkpoint(spec, tmp_path / "spec.yaml", tmp_path / "cache") == model_dir
+    tmp = tmp_path_factory.mktemp("plain-spec")
+    assert resolve_checkpoint(spec, tmp / "spec.yaml", tmp / "cache") == plain_lm
+    stages = {}
+    for name in spec.stages:
+        ctx = StageContext(name, spec, spec.stages[name], plain_lm, "cpu", 4)
+        stages[name] = make_executor(ctx)
+        stages[name].load()
+    return stages
 
-    def executor(name: str):
-        ex = make_executor(StageContext(name, spec, spec.stages[name], model_dir, "cpu", 4))
-        ex.load()
-        return ex
 
-    pre, llm, dec = executor("preprocessing"), executor("llm"), executor("decode")
-    meta = RequestMeta("chat", frozenset({"text"}))
+def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plain_stages) -> None:
+    """Greedy text through preprocessing, the language model and decode equals transformers'
+    ``generate``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta
+    from worker.stages.sampling import Sampling
+
+    model_dir = plain_lm
+    pre, llm, dec = (plain_stages[n] for n in ("preprocessing", "llm", "decode"))
+    meta = RequestMeta("chat", frozenset({"text"}), 12, sampling=Sampling(temperature=0))
     prompts = {"r1": "Tell me a story.", "r2": "hi"}
     for rid, text in prompts.items():
         request = RequestInput("chat", [{"role": "user", "content": text}])
@@ -409,7 +409,7 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, tmp_
             [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
             return_dict=True,
         )["input_ids"]  # fmt: skip
-        ref = model.generate(ids, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :].tolist()
         ref = [t for t in ref if t not in (258, 256)]  # eos / padding after it
         assert tokens[rid] == ref
         assert texts[rid] == tok.decode(ref, skip_special_tokens=True)
@@ -527,50 +527,69 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
     assert engine.status().ready
 
 
-def test_the_plain_stage_honours_sampling_and_refuses_what_it_cannot_serve(
-    plain_lm: Path,
-) -> None:
-    """The generic stage (the Qwen3-8B spec's) samples as the request asks, with the chat
-    sampler; logprobs and response_format, which only the Qwen3-Omni thinker serves, are a
-    clear refusal instead of being ignored."""
-    from worker.models.registry import make_executor
-    from worker.stages.base import CHUNK, INVALID, RequestMeta, StageContext
+def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
+    """The plain stage (the Qwen3-8B spec's) on the torch engine: greedy at temperature 0, seeded
+    sampling reproducible, the chosen token the likeliest at temperature 0 with its rivals in
+    order, ``logit_bias`` forcing a token, a JSON ``response_format`` met by random weights, a
+    prompt over the context refused."""
+    from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
     from worker.stages.grammar import Grammar
     from worker.stages.sampling import Sampling
 
-    spec = ModelSpec.model_validate(
-        {
-            "name": "plain-lm",
-            "model_dir": str(plain_lm),
-            "capabilities": {"endpoints": ["chat"]},
-            "entry": "llm",
-            "stages": {
-                "llm": {"executor": "autoregressive", "component": {}, "device": "cpu",
-                        "dtype": "fp32", "terminal": True, "engine": {"max_new_tokens": 12}},
-            },
-        }
-    )  # fmt: skip
-    llm = make_executor(StageContext("llm", spec, spec.stages["llm"], plain_lm, "cpu", 4))
-    llm.load()
+    llm = plain_stages["llm"]
 
-    def run(meta: RequestMeta) -> list:
-        llm.start("r", meta, {"in": {"input_ids": [5, 6, 7, 8]}})
+    def run(meta: RequestMeta, ids: tuple[int, ...] = (5, 6, 7, 8)) -> list:
+        llm.start("r", meta, {"in": {"input_ids": list(ids)}})
         outs = []
-        for _ in range(40):
+        while llm.next_deadline() is not None:
             outs += llm.step()
-            if not (llm.pending or llm.running):
-                break
+        assert outs and outs[-1][0] in (DONE, INVALID)
         return outs
 
-    def tokens(sampling: Sampling) -> list[int]:
-        meta = RequestMeta("chat", frozenset({"text"}), sampling=sampling)
-        return [t for kind, _, d in run(meta) if kind == CHUNK for t in d["tokens"]]
+    def chunks(**fields) -> list[dict]:
+        meta = RequestMeta("chat", frozenset({"text"}), **{"max_tokens": 12, **fields})
+        return [d for kind, _, d in run(meta) if kind == CHUNK]
 
-    greedy = tokens(Sampling())
-    assert tokens(Sampling(temperature=0)) == greedy
+    def tokens(sampling: Sampling) -> list[int]:
+        return [t for d in chunks(sampling=sampling) for t in d["tokens"]]
+
+    greedy = tokens(Sampling(temperature=0))
+    assert len(greedy) == 12  # (random weights never reach the end token first)
+    # what a request leaves unset, the checkpoint's generation config gives (Qwen3's sampling)
+    by_default = tokens(Sampling(seed=4))
+    assert (
+        by_default
+        == tokens(Sampling(**{k: v for k, v in SAMPLING.items() if k != "do_sample"}, seed=4))
+        and by_default != greedy
+    )
     seeded = [tokens(Sampling(temperature=1.5, seed=s)) for s in (1, 1, 2, 3)]
     assert seeded[0] == seeded[1] and len({tuple(t) for t in seeded}) >= 2
     assert any(t != greedy for t in seeded)
-    for refused in ({"logprobs": 2}, {"grammar": Grammar("json")}):
-        outs = run(RequestMeta("chat", frozenset({"text"}), **refused))  # type: ignore[arg-type]
-        assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "r")]
+    forced = (greedy[0] + 1) % 256
+    assert set(tokens(Sampling(temperature=0, logit_bias=((forced, 100.0),)))) == {forced}
+    listed = chunks(sampling=Sampling(temperature=0), logprobs=3)
+    assert [d["tokens"][0] for d in listed] == greedy
+    for d in listed:
+        ((chosen, top),) = d["logprobs"]
+        assert top[0][0] == d["tokens"][0] and top[0][1] == pytest.approx(chosen, abs=1e-4)
+        assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+    text = bytes(t for d in chunks(sampling=Sampling(temperature=1.0, top_k=0, top_p=1.0, seed=3),
+                                   grammar=Grammar("json"), max_tokens=200)
+                 for t in d["tokens"])  # fmt: skip
+    json.loads(text)  # valid JSON, as response_format json_object promises
+    outs = run(RequestMeta("chat", frozenset({"text"})), ids=tuple(range(4096)))
+    assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "r")]
+    assert "exceeds the context length" in outs[0][2]
+
+
+def test_a_stage_that_sglang_does_not_serve_is_refused_at_start() -> None:
+    from worker.models.registry import make_executor
+    from worker.stages.base import StageContext
+
+    raw = yaml.safe_load(SPEC_PATH.read_text())
+    raw["stages"]["talker"]["engine"]["backend"] = "sglang"
+    spec = ModelSpec.model_validate(raw)
+    ctx = StageContext("talker", spec, spec.stages["talker"], REPO / "configs/hf/tiny-omni",
+                       "cpu", 4)  # fmt: skip
+    with pytest.raises(ValueError, match=r"stage talker: engine\.backend 'sglang' serves plain"):
+        make_executor(ctx)

@@ -4,7 +4,8 @@ A family is one home under ``worker/models/`` (as SGLang-Omni keeps one folder p
 stage executors, which of its stages SGLang serves, and what its API speaks beyond the common
 surface. The worker's service resolves its family once, for the endpoints; each stage process
 resolves it once, for its executors (``make_executor``). A checkpoint of no family is a plain
-transformers language model, served by the generic executors of ``worker.stages``.
+language model, served by the generic executors of ``worker.stages`` (its autoregressive stage
+on either engine).
 """
 
 from __future__ import annotations
@@ -73,14 +74,15 @@ def family_of(model_dir: Path) -> Family | None:
 def make_executor(ctx: StageContext) -> StageExecutor:
     """The executor of one stage: its family's, else the generic one of its executor kind."""
     family = family_of(ctx.checkpoint)
-    if ctx.stage.engine.backend == Backend.SGLANG and (
-        family is None or not family.runs_on_sglang(ctx)
-    ):
+    on_sglang = (
+        family.runs_on_sglang(ctx) if family else ctx.stage.executor == Executor.AUTOREGRESSIVE
+    )
+    if ctx.stage.engine.backend == Backend.SGLANG and not on_sglang:
         # refused when the worker starts, not at the first request
         raise ValueError(
-            f"stage {ctx.name}: engine.backend 'sglang' serves the Qwen3-Omni thinker and the "
-            "Qwen3-ASR decoder (the talkers, the aligner and plain models run on backend "
-            "'transformers')"
+            f"stage {ctx.name}: engine.backend 'sglang' serves plain language models, the "
+            "Qwen3-Omni thinker and the Qwen3-ASR decoder (the talkers and the aligner run on "
+            "backend 'transformers')"
         )
     if family is not None:
         return family.make_executor(ctx)
@@ -89,7 +91,7 @@ def make_executor(ctx: StageContext) -> StageExecutor:
     if kind == Executor.PREPROCESS:
         from worker.stages.preprocess import PreprocessExecutor as cls
     elif kind == Executor.AUTOREGRESSIVE:
-        from worker.stages.autoregressive import AutoregressiveExecutor as cls
+        from worker.stages.autoregressive import LanguageModelExecutor as cls
     elif kind == Executor.DECODE:
         from worker.stages.decode import DecodeExecutor as cls
     elif kind == Executor.AGGREGATE:

@@ -188,6 +188,13 @@ class BatchQueue:
         return len(self.items)
 
 
+def reply_budget(engine: Any, asked: int | None, prompt_len: int) -> int:
+    """The most tokens a reply may have: what the request asks, within the stage's
+    ``max_new_tokens`` and what its context leaves after the prompt (at least one)."""
+    limit = engine.max_new_tokens if asked is None else asked
+    return max(1, min(limit, engine.max_new_tokens, engine.context_length - prompt_len))
+
+
 def check_prompt(n: int, context_length: int, kv_tokens: int) -> None:
     """ValueError (a 400 ``context_length_exceeded``) for a prompt of ``n`` tokens that
     could never run: over the context, or over the plan's KV pool (``kv_tokens``; 0: none)."""

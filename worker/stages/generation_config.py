@@ -1,6 +1,7 @@
 """A checkpoint's ``generation_config.json`` as the decoding stages read it: the tokens that end
 a reply (``eos_token_id``, an int or a list) and the tokens never to emit
-(``suppress_tokens``), as transformers' ``generate`` applies them."""
+(``suppress_tokens``), as transformers' ``generate`` applies them, and how a request that leaves
+a sampling field unset samples."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def stop_tokens(
     gen = read_generation_config(directory)
     eos = _ids(gen["eos_token_id"]) if "eos_token_id" in gen else _ids(config_eos)
     return StopTokens(frozenset(eos) | frozenset(always), tuple(_ids(gen.get("suppress_tokens"))))
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(directory: Path) -> dict[str, Any]:
+    """What a request that leaves a sampling field unset gets: the checkpoint's own
+    ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` (Qwen3-8B:
+    0.6, 0.95, 20), as SGLang's and vLLM's servers take them; greedy where the checkpoint says
+    ``do_sample: false``, and where it says nothing."""
+    gen = read_generation_config(directory)
+    if gen.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: gen[k] for k in SAMPLING_FIELDS if gen.get(k) is not None}

@@ -21,7 +21,7 @@ depend on its batchmates.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -42,6 +42,15 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return not self.temperature
+
+    def under(self, defaults: dict[str, Any], bias: tuple[tuple[int, float], ...] = ()) -> Sampling:
+        """These settings, with what they leave unset taken from ``defaults`` (a checkpoint's:
+        ``generation_config.sampling_defaults``) and ``bias`` added to ``logit_bias`` (the
+        checkpoint's suppressed tokens, where the engine takes no list of them)."""
+        unset = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        if bias:
+            unset["logit_bias"] = self.logit_bias + bias
+        return replace(self, **unset) if unset else self
 
 
 @dataclass(slots=True)

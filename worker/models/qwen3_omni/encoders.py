@@ -3,16 +3,23 @@
 Each request's inputs go in whole (all its clips or images) and its embeddings come out per
 request: the audio tower encodes every clip on its own windows, so clips of several requests
 share one call; the vision encoder takes each image's patches with its grid.
+
+Each clip, image and video is encoded once: its outputs are kept by the digest of its features
+or patches (``engine.encoder_cache_bytes``, ``worker.stages.tensor_cache``), so a conversation
+that resends its history, a clip in an earlier turn, finds it encoded. A batch encodes only the
+items new to the cache, each once however many requests carry it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
 
 from worker.models.qwen3_omni.common import load
 from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
+from worker.stages.tensor_cache import TensorCache
 
 
 class _Encoder(StageExecutor):
@@ -26,6 +33,7 @@ class _Encoder(StageExecutor):
         b = self.ctx.stage.batching
         self.queue = BatchQueue(b.max_batch_size, b.window_ms)
         self.empty: list[str] = []  # requests without this modality: answered at once
+        self.cache = TensorCache(self.ctx.stage.engine.encoder_cache_bytes)
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
         payload = inputs["preprocessing"]
@@ -79,19 +87,41 @@ class AudioTowerExecutor(_Encoder):
         )
 
         torch = self.torch
-        feats = np.concatenate([p["audio_features"] for _, p in batch], axis=1)
-        lens = [n for _, p in batch for n in p["audio_lens"]]
-        x = torch.from_numpy(feats).to(self.ctx.device, self.model.dtype)
-        # stays a tensor on the device: a thinker in this process takes it as it is
-        hidden = self.model(
-            x, feature_lens=torch.tensor(lens, device=self.ctx.device)
-        ).last_hidden_state
+        dev = self.ctx.device
+        clips: list[list[bytes]] = []  # each request's clips, by digest
+        found: dict[bytes, Any] = {}  # digest -> embeddings, on the device
+        new: dict[bytes, np.ndarray] = {}  # digest -> features, to encode
+        for _, p in batch:
+            feats, at, keys = p["audio_features"], 0, []
+            for n in p["audio_lens"]:
+                clip = feats[:, at : at + n]
+                at += n
+                keys.append(key := _digest("audio", clip))
+                if key not in found and key not in new:
+                    kept = self.cache.get(key)
+                    if kept is None:
+                        new[key] = clip
+                    else:
+                        found[key] = kept.to(dev)
+            clips.append(keys)
+        if new:
+            lens = [c.shape[1] for c in new.values()]
+            x = torch.from_numpy(np.concatenate(list(new.values()), axis=1))
+            # stays a tensor on the device: a thinker in this process takes it as it is
+            hidden = self.model(
+                x.to(dev, self.model.dtype), feature_lens=torch.tensor(lens, device=dev)
+            ).last_hidden_state
+            at = 0
+            for key, n in zip(new, lens, strict=True):
+                k = int(tokens_of(torch.tensor(n), 50))
+                found[key] = hidden[at : at + k]
+                self.cache.put(key, found[key])
+                at += k
         outs: list[Output] = []
-        at = 0
-        for rid, p in batch:
-            n = sum(int(tokens_of(torch.tensor(k), 50)) for k in p["audio_lens"])
-            outs.append((FINAL, rid, {"audio_embeds": hidden[at : at + n]}))
-            at += n
+        for (rid, _), keys in zip(batch, clips, strict=True):
+            parts = [found[key] for key in keys]
+            embeds = parts[0] if len(parts) == 1 else torch.cat(parts)
+            outs.append((FINAL, rid, {"audio_embeds": embeds}))
         return outs
 
 
@@ -126,21 +156,53 @@ class VisionExecutor(_Encoder):
 
     def _run(self, items: list, values: str, grid_key: str, kind: str, results: dict) -> None:
         torch = self.torch
-        pixels = np.concatenate([p[values] for _, p in items])
-        grid = np.concatenate([p[grid_key] for _, p in items])
-        out = self.model(
-            torch.from_numpy(pixels).to(self.ctx.device, self.model.dtype),
-            grid_thw=torch.from_numpy(grid).to(self.ctx.device),
-        )
-        merged = out.pooler_output
-        deep = torch.stack(list(out.deepstack_features))  # (layers, tokens, hidden)
+        dev = self.ctx.device
         merge = self.model.spatial_merge_size**2
-        at = 0
-        for rid, p in items:
-            n = int(sum(int(g.prod()) for g in p[grid_key]) // merge)
-            results[rid][f"{kind}_embeds"] = merged[at : at + n]
-            results[rid][f"{kind}_deepstack"] = deep[:, at : at + n]
-            at += n
+        keys_of: list[list[bytes]] = []  # each request's images (or videos), by digest
+        found: dict[bytes, tuple[Any, Any]] = {}  # digest -> (merged, deepstack), on the device
+        new: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # digest -> (patches, grid)
+        for _, p in items:
+            at, keys = 0, []
+            for grid in p[grid_key]:
+                rows = int(grid.prod())
+                patches = p[values][at : at + rows]
+                at += rows
+                keys.append(key := _digest(kind, patches, grid))
+                if key not in found and key not in new:
+                    kept = self.cache.get(key)
+                    if kept is None:
+                        new[key] = (patches, grid)
+                    else:
+                        found[key] = (kept[0].to(dev), kept[1].to(dev))
+            keys_of.append(keys)
+        if new:
+            out = self.model(
+                torch.from_numpy(np.concatenate([px for px, _ in new.values()])).to(
+                    dev, self.model.dtype
+                ),
+                grid_thw=torch.from_numpy(np.stack([g for _, g in new.values()])).to(dev),
+            )
+            merged = out.pooler_output
+            deep = torch.stack(list(out.deepstack_features))  # (layers, tokens, hidden)
+            at = 0
+            for key, (_, grid) in new.items():
+                n = int(grid.prod()) // merge
+                found[key] = (merged[at : at + n], deep[:, at : at + n])
+                self.cache.put(key, found[key])
+                at += n
+        for (rid, _), keys in zip(items, keys_of, strict=True):
+            results[rid][f"{kind}_embeds"] = torch.cat([found[k][0] for k in keys])
+            results[rid][f"{kind}_deepstack"] = torch.cat([found[k][1] for k in keys], dim=1)
+
+
+def _digest(kind: str, values: np.ndarray, grid: np.ndarray | None = None) -> bytes:
+    """The key of one clip's features or one image's (video's) patches with its grid."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{kind}:{values.shape}:{values.dtype}:".encode())
+    h.update(np.ascontiguousarray(values).data)
+    if grid is not None:
+        h.update(np.ascontiguousarray(grid, dtype=np.int64).data)
+    return h.digest()
 
 
 def _now() -> float:

@@ -28,7 +28,7 @@ from typing import Any
 
 from planner.spec import Backend
 from worker.engines.base import Engine, EngineEvent, EngineRequest, ForwardTrace
-from worker.models.qwen3_omni.media_states import MediaRun, MediaStates, media_runs
+from worker.models.qwen3_omni.media_states import MediaRun, media_runs
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -38,9 +38,11 @@ from worker.stages.base import (
     RequestMeta,
     StageExecutor,
     check_prompt,
+    reply_budget,
 )
-from worker.stages.generation_config import stop_tokens
+from worker.stages.generation_config import sampling_defaults, stop_tokens
 from worker.stages.sampling import Sampling
+from worker.stages.tensor_cache import TensorCache
 
 
 @dataclass(slots=True)
@@ -93,6 +95,8 @@ class ThinkerExecutor(StageExecutor):
             (self.config.im_end_token_id,),
         )
         self.eos = frozenset(stops.eos)
+        # (Qwen3-Omni's generation config sets its talker's sampling only: greedy text)
+        self.defaults = sampling_defaults(ctx.component_dir())
         # (SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias; the
         # torch engine masks them itself)
         self.suppress = tuple((t, float("-inf")) for t in stops.suppress) if self.on_sglang else ()
@@ -102,7 +106,7 @@ class ThinkerExecutor(StageExecutor):
             self.config.tts_pad_token_id,
         ]
         self.engine_settings = ctx.stage.engine
-        self.media_states = MediaStates(ctx.stage.engine.media_state_bytes)
+        self.media_states = TensorCache(ctx.stage.engine.media_state_bytes)
         self.reqs: dict[str, _Request] = {}
         self.engine_rids: dict[str, str] = {}  # engine request id -> stage request id, if other
         self._refused: list[Output] = []  # requests refused at start, reported by the next step
@@ -136,11 +140,6 @@ class ThinkerExecutor(StageExecutor):
             self.reqs.pop(rid)
             self._refused.append((INVALID, rid, f"{self.ctx.name}: {exc}"))
             return
-        limit = eng.max_new_tokens if meta.max_tokens is None else meta.max_tokens
-        limit = max(1, min(limit, eng.max_new_tokens, eng.context_length - len(ids)))
-        sampling = meta.sampling or Sampling()
-        if self.suppress:
-            sampling = _with_bias(sampling, self.suppress)
         namespace = None
         if r.to_talker and multimodal is not None and self.on_sglang:
             # (a prefix of another such prompt: its media runs' states were kept)
@@ -150,8 +149,10 @@ class ThinkerExecutor(StageExecutor):
             rid,
             ids,
             # (a given reply generates nothing: one token, not used)
-            max_new_tokens=1 if r.forced is not None else limit,
-            sampling=sampling,
+            max_new_tokens=1
+            if r.forced is not None
+            else reply_budget(eng, meta.max_tokens, len(ids)),
+            sampling=(meta.sampling or Sampling()).under(self.defaults, self.suppress),
             stop_token_ids=self.eos,
             logprobs=meta.logprobs,
             grammar=meta.grammar,
@@ -310,9 +311,3 @@ class ThinkerExecutor(StageExecutor):
         r.submitted = replace(first, rid=f"{r.rid}~whole", prefix_namespace=uuid.uuid4().hex)
         self.engine_rids[r.submitted.rid] = r.rid
         self.engine.submit(r.submitted)
-
-
-def _with_bias(s: Sampling, extra: tuple[tuple[int, float], ...]) -> Sampling:
-    from dataclasses import replace
-
-    return replace(s, logit_bias=s.logit_bias + extra)
