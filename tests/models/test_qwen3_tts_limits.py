@@ -49,9 +49,16 @@ def _run(talker) -> tuple[list[tuple[int, set[str]]], dict[str, str]]:
     return seen, ends
 
 
-def test_a_request_waits_for_room_in_the_kv_pool(stages: dict) -> None:
+def test_a_request_waits_for_room_in_the_kv_pool(
+    stages: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     talker = stages["tts_engine"]
     kv = talker.kv_tokens
+    built: list[str] = []
+    build = talker.builder.build
+    monkeypatch.setattr(
+        talker.builder, "build", lambda text, **kw: built.append(text) or build(text, **kw)
+    )
     try:
         talker.kv_tokens = 0
         _start(stages, "probe", "Hello there.")
@@ -67,6 +74,7 @@ def test_a_request_waits_for_room_in_the_kv_pool(stages: dict) -> None:
         assert all(len(running) <= 1 for _, running in seen)
         first_done = next(n for n, running in seen if "first" not in running)
         assert any("second" in running for n, running in seen if n >= first_done)
+        assert len(built) == 3  # (each prompt built once, the second's while it waited)
         # with room for both they run side by side
         talker.kv_tokens = 2 * held
         _start(stages, "third", "Hello there.")

@@ -144,6 +144,8 @@ class _Req:
     engine_req: Any = None
     prompt_tokens: int = 0
     kv_need: int = 0  # KV positions it holds once admitted: its prompt and its frame budget
+    prompt: Any = None  # its talker prompt, built once (also while it waits for room)
+    max_new: int = 0
     frames: int = 0
     started: float = field(default_factory=time.monotonic)
     # streamed text (``text_follows``): what arrived so far, whether it is complete, and the
@@ -276,11 +278,30 @@ class TTSEngineExecutor(StageExecutor):
         return not req.done and req.prompt.ready(req.frames)
 
     def _admit(self, r: _Req) -> list[Output]:
-        from worker.models.qwen3_tts.engine import (
-            TalkerRequest,
-            TTSInputError,
-            speaker_embedding,
-        )
+        """Start ``r`` where the KV pool has room for it (none: it waits, its prompt built)."""
+        from worker.models.qwen3_tts.engine import TalkerRequest
+
+        if r.prompt is None:
+            refused = self._build(r)
+            if refused:
+                return refused
+        if r.kv_need > self._kv_free():
+            return []  # the caller puts it back: it waits for room
+        sampling = self.sampling.with_request(r.meta.speech_sampling)
+        r.engine_req = TalkerRequest(r.rid, r.prompt, r.max_new, sampling)
+        self._give(r)  # (streamed text that came while it waited)
+        self.engine.prefill(r.engine_req)
+        self.running[r.rid] = r
+        ref_codes = r.payload.get("ref_codes")
+        if ref_codes is not None:
+            # The reference codes precede the new ones in the decode (as the model decodes a
+            # clone: reference + generated, the reference's share of the samples cut off).
+            return [(CHUNK, r.rid, {"context": np.asarray(ref_codes, dtype=np.int64)})]
+        return []
+
+    def _build(self, r: _Req) -> list[Output]:
+        """``r``'s talker prompt and frame budget; the refusal where it cannot have them."""
+        from worker.models.qwen3_tts.engine import TTSInputError, speaker_embedding
 
         torch = self.torch
         p = r.payload
@@ -325,18 +346,9 @@ class TTSEngineExecutor(StageExecutor):
         max_new = int(p.get("max_new") or self.max_new)
         if r.meta.max_tokens is not None:  # (a realtime response's max_output_tokens, in frames:
             max_new = min(max_new, r.meta.max_tokens + 1)  # the last first code gets none)
-        max_new = max(1, min(max_new, room - r.prompt_tokens))
-        r.kv_need = r.prompt_tokens + max_new
-        if r.kv_need > self._kv_free():
-            return []  # the caller puts it back: it waits for room
-        sampling = self.sampling.with_request(r.meta.speech_sampling)
-        r.engine_req = TalkerRequest(r.rid, prompt, max_new, sampling)
-        self.engine.prefill(r.engine_req)
-        self.running[r.rid] = r
-        if ref_codes is not None:
-            # The reference codes precede the new ones in the decode (as the model decodes a
-            # clone: reference + generated, the reference's share of the samples cut off).
-            return [(CHUNK, r.rid, {"context": np.asarray(ref_codes, dtype=np.int64)})]
+        r.max_new = max(1, min(max_new, room - r.prompt_tokens))
+        r.kv_need = r.prompt_tokens + r.max_new
+        r.prompt = prompt
         return []
 
     def step(self) -> list[Output]:
