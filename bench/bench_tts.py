@@ -6,12 +6,13 @@ The checkpoint is the tiny CustomVoice one written by the official classes (the 
 tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing). The package
 runs its requests one at a time (it is a library: one ``generate_custom_voice`` call per
 caller); the worker serves the same requests over HTTP at ``--concurrency``. Both produce the
-same number of frames per request (greedy, no end-of-speech on random weights). Reported:
-audio seconds per wall second for each, their ratio, and the worker's time to the first audio
-packet (streamed pcm) at concurrency 1. The worker also runs the same requests sampled as the
-checkpoint says (its default: talker and sub-talker at temperature 0.9, top-k 50; each request
-seeded), where a request may end early: its audio seconds are what it produced. Prints a table
-and one JSON line.
+same number of frames per request (greedy, no end-of-speech on random weights). The worker runs
+with its talker on SGLang (the specs' backend) and on the project's torch engine, one after
+the other. Reported: audio seconds per wall second for each, their ratio to the package's, and
+the worker's time to the first audio packet (streamed pcm) at concurrency 1. The worker also
+runs the same requests sampled as the checkpoint says (its default: talker and sub-talker at
+temperature 0.9, top-k 50; each request seeded), where a request may end early: its audio
+seconds are what it produced. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -102,37 +103,40 @@ def main() -> None:
         official = json.loads((tmp / "official.json").read_text())
 
     spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, args.max_new_tokens)
-    worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
-    try:
-        worker.wait_ready(timeout=300)
-        first = _first_packet(worker.url)
-        seconds1, wall1 = asyncio.run(_throughput(worker.url, args.requests, 1))
-        seconds, wall = asyncio.run(_throughput(worker.url, args.requests, args.concurrency))
-        sampled1 = asyncio.run(_throughput(worker.url, args.requests, 1, sampled=True))
-        sampled = asyncio.run(_throughput(worker.url, args.requests, args.concurrency, True))
-    finally:
-        worker.stop()
-    ours1 = seconds1 / wall1
-    ours = seconds / wall
     theirs = official["audio_seconds"] / official["wall_seconds"]
-    result = {
+    result: dict = {
         "requests": args.requests,
         "frames_per_request": args.max_new_tokens - 1,
         "official_audio_s_per_s": round(theirs, 3),
-        "worker_c1_audio_s_per_s": round(ours1, 3),
-        f"worker_c{args.concurrency}_audio_s_per_s": round(ours, 3),
-        "speedup": round(ours / theirs, 2),
-        "worker_sampled_c1_audio_s_per_s": round(sampled1[0] / sampled1[1], 3),
-        f"worker_sampled_c{args.concurrency}_audio_s_per_s": round(sampled[0] / sampled[1], 3),
-        "first_packet_ms_median": round(1000 * statistics.median(first), 1),
     }
-    print(f"{'':34}audio s / wall s")
-    print(f"{'qwen-tts, one at a time':34}{theirs:8.3f}")
-    print(f"{'omni-worker, concurrency 1':34}{ours1:8.3f}")
-    print(f"{f'omni-worker, concurrency {args.concurrency}':34}{ours:8.3f}  ({ours / theirs:.1f}x)")
-    for c, (s, w) in ((1, sampled1), (args.concurrency, sampled)):
-        print(f"{f'omni-worker sampled, concurrency {c}':34}{s / w:8.3f}")
-    print(f"first audio packet (streamed, c=1): {result['first_packet_ms_median']} ms median")
+    c = args.concurrency
+    print(f"{'':40}audio s / wall s")
+    print(f"{'qwen-tts, one at a time':40}{theirs:8.3f}")
+    for backend in ("sglang", "transformers"):  # the talker on SGLang, on the project's engine
+        worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp),
+                               "--tts_engine.engine.backend", backend)  # fmt: skip
+        try:
+            worker.wait_ready(timeout=300)
+            first = _first_packet(worker.url)
+            greedy = {n: asyncio.run(_throughput(worker.url, args.requests, n)) for n in (1, c)}
+            sampled = {
+                n: asyncio.run(_throughput(worker.url, args.requests, n, sampled=True))
+                for n in (1, c)
+            }
+        finally:
+            worker.stop()
+        for n in (1, c):
+            ours = greedy[n][0] / greedy[n][1]
+            result[f"{backend}_c{n}_audio_s_per_s"] = round(ours, 3)
+            result[f"{backend}_sampled_c{n}_audio_s_per_s"] = round(
+                sampled[n][0] / sampled[n][1], 3
+            )
+            rate = sampled[n][0] / sampled[n][1]
+            print(f"{f'talker on {backend}, concurrency {n}':40}{ours:8.3f}  "
+                  f"({ours / theirs:.1f}x; sampled {rate:.3f})")  # fmt: skip
+        result[f"{backend}_first_packet_ms_median"] = round(1000 * statistics.median(first), 1)
+        print(f"first audio packet, talker on {backend} (streamed, c=1): "
+              f"{result[f'{backend}_first_packet_ms_median']} ms median")  # fmt: skip
     print(json.dumps(result))
 
 

@@ -22,6 +22,8 @@ import argparse
 import atexit
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,9 +66,15 @@ def main() -> None:
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     real = cuda if args.real_size is None else args.real_size
-    for name in ("omni", "tts", "asr"):
-        if name not in args.models:
-            continue
+    models = [name for name in ("omni", "tts", "asr") if name in args.models]
+    if len(models) > 1:
+        # one process per model: SGLang's engine (the thinker's, the talker's, the ASR's)
+        # builds its process groups once per process
+        rest = [a for a in sys.argv[1:] if a not in CHECKS and a != "--models"]
+        for name in models:
+            subprocess.run([sys.executable, __file__, *rest, "--models", name], check=True)
+        return
+    for name in models:
         print(f"\n== {name} ({'real size, random weights' if real else 'tiny'}) on {args.device}")
         executors = _load(name, real, cuda)
         if name == "omni":

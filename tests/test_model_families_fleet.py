@@ -17,9 +17,10 @@ import base64
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -286,6 +287,39 @@ def test_production_specs_on_the_tiny_checkpoints_equal_the_tiny_specs(fleet: Fa
             w.stop()
 
 
+def utterance(
+    ws: Any, pieces: list[str], pause: float, meanwhile: Callable[[], None] | None = None
+) -> tuple[bytes, float | None, float]:
+    """An utterance on a ``/v1/audio/speech/stream`` socket, its text sent in ``pieces`` with
+    ``pause`` s between them (``meanwhile`` run once the first is sent): (audio, when its first
+    audio came, when the last piece went), times from the start."""
+    t0 = time.monotonic()
+    create = {"type": "speech.create", "voice": "vivian", "seed": 5, "input": pieces[0]}
+    ws.send(json.dumps(create))
+    assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
+    if meanwhile is not None:
+        meanwhile()
+    audio, first, sent_last = bytearray(), None, time.monotonic() - t0
+    for piece in pieces[1:]:
+        deadline = time.monotonic() + pause
+        while (left := deadline - time.monotonic()) > 0:  # read what comes meanwhile
+            try:
+                event = json.loads(ws.recv(timeout=left))
+            except TimeoutError:
+                break
+            assert event["type"] == "speech.audio.delta", event
+            first = first if first is not None else time.monotonic() - t0
+            audio += base64.b64decode(event["audio"])
+        ws.send(json.dumps({"type": "input_text.delta", "delta": piece}))
+        sent_last = time.monotonic() - t0
+    ws.send(json.dumps({"type": "input_text.done"}))
+    while (event := json.loads(ws.recv(timeout=120)))["type"] != "speech.audio.done":
+        assert event["type"] == "speech.audio.delta", event
+        first = first if first is not None else time.monotonic() - t0
+        audio += base64.b64decode(event["audio"])
+    return bytes(audio), first, sent_last
+
+
 def test_text_streamed_into_speech_through_the_router(fleet: FamilyFleet) -> None:
     """``/v1/audio/speech/stream`` on Qwen3-TTS through the router: words sent one by one with
     pauses are spoken as they come (the first audio before the last word was sent), the audio
@@ -295,32 +329,6 @@ def test_text_streamed_into_speech_through_the_router(fleet: FamilyFleet) -> Non
     url = fleet.router.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
     # (short: the talker reads a token a frame, and the tiny spec stops at FRAMES frames)
     words = ["Hi", " yo", " ok."]
-
-    def utterance(ws, pieces: list[str], pause: float) -> tuple[bytes, float | None, float]:
-        """(audio, when its first audio came, when the last piece went), times from the start."""
-        t0 = time.monotonic()
-        create = {"type": "speech.create", "voice": "vivian", "seed": 5, "input": pieces[0]}
-        ws.send(json.dumps(create))
-        assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
-        audio, first, sent_last = bytearray(), None, time.monotonic() - t0
-        for piece in pieces[1:]:
-            deadline = time.monotonic() + pause
-            while (left := deadline - time.monotonic()) > 0:  # read what comes meanwhile
-                try:
-                    event = json.loads(ws.recv(timeout=left))
-                except TimeoutError:
-                    break
-                assert event["type"] == "speech.audio.delta", event
-                first = first if first is not None else time.monotonic() - t0
-                audio += base64.b64decode(event["audio"])
-            ws.send(json.dumps({"type": "input_text.delta", "delta": piece}))
-            sent_last = time.monotonic() - t0
-        ws.send(json.dumps({"type": "input_text.done"}))
-        while (event := json.loads(ws.recv(timeout=120)))["type"] != "speech.audio.done":
-            assert event["type"] == "speech.audio.delta", event
-            first = first if first is not None else time.monotonic() - t0
-            audio += base64.b64decode(event["audio"])
-        return bytes(audio), first, sent_last
 
     with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
         # (pauses long enough for a first packet on two busy cores: the talker waits for the
@@ -334,6 +342,30 @@ def test_text_streamed_into_speech_through_the_router(fleet: FamilyFleet) -> Non
         assert error["error"]["code"] == "invalid_request" and error["error"]["param"] == "type"
         ws.send(json.dumps({"type": "speech.create", "voice": "nobody", "input": "x"}))
         assert json.loads(ws.recv(timeout=30))["error"]["code"] == "voice_not_found"
+
+
+def test_a_talker_waiting_for_text_lets_the_others_run(fleet: FamilyFleet) -> None:
+    """While an utterance waits for its next words, another speech runs beside it (on SGLang
+    the waiting request sits out of the running batch, its KV kept): each equals what it
+    gives alone."""
+    from websockets.sync.client import connect
+
+    sdk = fleet.sdk()
+
+    def speech() -> bytes:
+        return sdk.audio.speech.create(
+            model="tiny-qwen3-tts", input="Meanwhile, another voice.", voice="ryan",
+            response_format="pcm", extra_body={"seed": 9},
+        ).content  # fmt: skip
+
+    alone = speech()
+    beside: list[bytes] = []
+    url = fleet.router.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    words = ["Hi there", " my", " friend."]  # (the talker reads "Hi", then waits)
+    with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        held, _, _ = utterance(ws, words, pause=0.5, meanwhile=lambda: beside.append(speech()))
+        at_once, _, _ = utterance(ws, ["".join(words)], pause=0)
+    assert beside == [alone] and held == at_once
 
 
 def test_a_full_talker_is_refused_at_admission_through_the_router(fleet: FamilyFleet) -> None:

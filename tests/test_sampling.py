@@ -139,7 +139,6 @@ def test_a_talkers_first_codes_are_drawn_as_the_official_generate_draws_them() -
     forbidden for two codes, the control codes suppressed, then temperature, top-k, top-p."""
     import json
     from pathlib import Path
-    from types import SimpleNamespace
 
     from transformers.generation.logits_process import (
         MinNewTokensLengthLogitsProcessor,
@@ -150,14 +149,14 @@ def test_a_talkers_first_codes_are_drawn_as_the_official_generate_draws_them() -
         TopPLogitsWarper,
     )
 
-    from worker.models.qwen3_tts.engine import TalkerEngine, checkpoint_sampling
+    from worker.models.qwen3_tts.engine import FirstCodes, checkpoint_sampling
 
     hf = Path(__file__).resolve().parents[1] / "configs" / "hf"
     config = json.loads((hf / "Qwen--Qwen3-TTS-12Hz-1.7B-CustomVoice" / "config.json").read_text())
     gen = json.loads(
         (hf / "Qwen--Qwen3-TTS-12Hz-1.7B-CustomVoice" / "generation_config.json").read_text()
     )
-    engine = TalkerEngine(SimpleNamespace(talker=None, config=config))  # type: ignore[arg-type]
+    engine = FirstCodes(config["talker_config"])
     tc = config["talker_config"]
     vocab, eos = tc["vocab_size"], tc["codec_eos_token_id"]
     sampling = checkpoint_sampling(gen)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from planner.spec import ModelSpec
+from planner.spec import Backend, ModelSpec
 from tests.models.tts_stages import load_stages, step
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
@@ -99,7 +99,8 @@ def test_the_checkpoints_max_new_tokens_bounds_the_specs(tmp_path: Path) -> None
     shutil.copytree(built, ck)
     gen = json.loads((ck / "generation_config.json").read_text())
     (ck / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 5}))
-    stage = spec.stages["tts_engine"]
+    stage = spec.stages["tts_engine"].model_copy(deep=True)
+    stage.engine.backend = Backend.TRANSFORMERS  # (in process: see tts_stages.load_stages)
     ex = make_executor(StageContext("tts_engine", spec, stage, ck, "cpu", 4))
     ex.load()
     assert stage.engine.max_new_tokens > 5 and ex.max_new == 5

@@ -14,8 +14,13 @@ from worker.stages.base import DONE, OUT, StageContext
 
 
 def load_stages(spec_path: Path, cache: Path) -> dict:
-    """The spec's preprocessing, tts_engine and vocoder, loaded (the checkpoint built once)."""
-    spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
+    """The spec's preprocessing, tts_engine and vocoder, loaded (the checkpoint built once),
+    the talker on the project's torch engine: SGLang builds its process groups once per
+    process, and the thinker's stage tests hold them. (Through a worker the specs' talker runs
+    on SGLang: tests/test_model_families_fleet.py, tests/models/test_qwen3_tts_reference.py.)"""
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["stages"]["tts_engine"]["engine"]["backend"] = "transformers"
+    spec = ModelSpec.model_validate(raw)
     ck = resolve_checkpoint(spec, spec_path, cache, log=lambda _: None)
     out = {}
     for name in ("preprocessing", "tts_engine", "vocoder"):

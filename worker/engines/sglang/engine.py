@@ -12,6 +12,7 @@ stage's pipeline (streaming edges, abort, batching across stages) stays the proj
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import secrets
 from array import array
@@ -38,6 +39,14 @@ class EngineSettings:
     kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
+    # off for a model whose prompts are embeddings (the token ids SGLang keys its prefix cache
+    # by are placeholders) and whose forward reads per-request state (no CUDA graphs)
+    prefix_cache: bool = True
+    cuda_graphs: bool = True
+    # a long prompt's chunks in the same forward as the running decodes (off for a model whose
+    # decode steps are not token steps: a talker's take its previous frame)
+    mixed_prefill: bool = True
+    grammar: bool = True  # constrained decoding (a model of codes has no tokenizer for it)
 
     @classmethod
     def of_stage(cls, ctx: StageContext) -> EngineSettings:
@@ -84,6 +93,10 @@ class SGLangEngine:
         self.on_forward = on_forward
         self.incoming: list[Any] = []
         self.live: set[str] = set()
+        # requests that sit out the coming steps (a talker waiting for its next input); they
+        # keep their KV, outside the scheduler's running batch
+        self.held: set[str] = set()
+        self.parked: Any = None  # their ScheduleBatch
 
     @property
     def model(self) -> Any:
@@ -105,7 +118,11 @@ class SGLangEngine:
         self.outputs.clear()  # (the abort's own notice; the request is forgotten here)
 
     def has_work(self) -> bool:
-        return bool(self.incoming) or not self.scheduler.is_fully_idle()
+        return (
+            bool(self.incoming)
+            or not self.scheduler.is_fully_idle()
+            or any(r.rid not in self.held for r in self._parked_reqs())
+        )
 
     def queue_depth(self) -> int:
         return len(self.live)
@@ -119,6 +136,8 @@ class SGLangEngine:
         if self.incoming:
             s.process_input_requests(self.incoming)
             self.incoming = []
+        if self.held or self.parked is not None:
+            self._park()
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
@@ -133,6 +152,43 @@ class SGLangEngine:
         return self._events()
 
     # ---- internals ----------------------------------------------------------------------------
+    def _parked_reqs(self) -> list[Any]:
+        return [] if self.parked is None else list(self.parked.reqs)
+
+    def _park(self) -> None:
+        """Before a step: the held requests out of the scheduler's batches (the running one,
+        and the prefill just run, which the scheduler merges into it next), the others back
+        in. A parked request keeps its KV and its place in the request pool; SGLang moves
+        requests between batches the same way (``ScheduleBatch.filter_batch`` /
+        ``merge_batch``, as it merges a prefill into the running batch)."""
+        s = self.scheduler
+        if self.parked is not None:
+            back = [i for i, r in enumerate(self.parked.reqs) if r.rid not in self.held]
+            if back:
+                resumed = _split(self.parked, back)
+                if self.parked.is_empty():
+                    self.parked = None
+                if s.running_batch.is_empty():
+                    s.running_batch = resumed
+                else:
+                    s.running_batch.merge_batch(resumed)
+        holders = [s.running_batch]
+        if s.last_batch is not None and s.last_batch.forward_mode.is_extend():
+            holders.append(s.last_batch)
+        for batch in holders:
+            rows = [
+                i
+                for i, r in enumerate(batch.reqs)
+                if r.rid in self.held and not r.finished() and r is not s.chunked_req
+            ]
+            if not rows:
+                continue
+            parked = _split(batch, rows)
+            if self.parked is None:
+                self.parked = parked
+            else:
+                self.parked.merge_batch(parked)
+
     def _tokenized(self, r: EngineRequest) -> Any:
         from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
 
@@ -207,6 +263,18 @@ class SGLangEngine:
         return events
 
 
+def _split(batch: Any, rows: list[int]) -> Any:
+    """The requests at ``rows`` of ``batch`` as a batch of their own; ``batch`` keeps the
+    others. (The copy's sampling info is its own: ``filter_batch`` rebinds its tensors. Its
+    penalizers are shared, which holds for requests that use none: the talkers pick their codes
+    in the model, SGLang's sampler only takes the pick.)"""
+    part = copy.copy(batch)
+    part.sampling_info = copy.copy(batch.sampling_info)
+    part.filter_batch(keep_indices=rows)
+    batch.filter_batch(keep_indices=[i for i in range(len(batch.reqs)) if i not in rows])
+    return part
+
+
 def _logprobs(out: Any, i: int) -> list[TokenLogprob]:
     values = out.output_token_logprobs_val[i]
     tops_v = out.output_top_logprobs_val[i] if out.output_top_logprobs_val else None
@@ -249,7 +317,7 @@ def _stage_scheduler(scheduler: type) -> type:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             manager = self.grammar_manager
-            if manager.grammar_backend is None:
+            if manager.grammar_backend is None and self.server_args.grammar_backend != "none":
                 cfg = self.model_config
                 manager.grammar_backend = create_grammar_backend(
                     self.server_args,
@@ -285,16 +353,17 @@ def _server_args(st: EngineSettings) -> Any:
         chunked_prefill_size=st.prefill_chunk_tokens,
         # a long prompt's chunks run in the same forward as the running decodes, which keep
         # streaming while it is prefilled
-        enable_mixed_chunk=True,
+        enable_mixed_chunk=st.mixed_prefill,
         # the stage host steps the scheduler itself, one iteration per step
         disable_overlap_schedule=True,
         # on every device: flashinfer's sampler takes no per-request seed (sampler.py:404)
         sampling_backend="pytorch",
-        grammar_backend="xgrammar",
+        grammar_backend="xgrammar" if st.grammar else "none",
         # no free whitespace in constrained JSON: a reply cannot wander in it to its limit
         constrained_json_disable_any_whitespace=True,
         attention_backend="torch_native" if cpu else None,
         random_seed=0,  # (the engine's own draws; every request carries its seed)
-        disable_cuda_graph=cpu,
+        disable_cuda_graph=cpu or not st.cuda_graphs,
+        disable_radix_cache=not st.prefix_cache,
         log_level="warning",
     )

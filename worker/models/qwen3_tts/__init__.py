@@ -1,8 +1,9 @@
 """Qwen3-TTS-12Hz (``model_type: qwen3_tts``): CustomVoice and Base, written for omni-fleet.
 
 ``modeling`` holds the talker, its code predictor and the speaker encoder; ``codec`` the 12 Hz
-speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt and the
-batched greedy steps; the stage executors live in ``stages``.
+speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt, the code
+picks and the project's own batched talker engine; ``talker_sglang`` the talker on SGLang; the
+stage executors live in ``stages``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ VOICE_RATE = 24_000  # Hz: the rate at which a cloned voice's reference audio re
 
 
 def runs_on_sglang(ctx: StageContext) -> bool:
-    """None of Qwen3-TTS's stages runs on ``engine.backend: sglang`` yet."""
-    return False
+    """The stage that ``engine.backend: sglang`` serves: the talker (``talker_sglang``)."""
+    return ctx.stage.executor == Executor.AUTOREGRESSIVE
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:

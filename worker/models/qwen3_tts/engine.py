@@ -276,6 +276,7 @@ class TalkerRequest:
     done: bool = False
     first: SamplerState | None = None  # how its first codes are picked (set by prefill)
     rest: SamplerState | None = None  # how the code predictor's are
+    frame: torch.Tensor | None = None  # the frame a step produced (the SGLang engine's)
 
     def samplers(self) -> tuple[SamplerState, SamplerState]:
         """How its first codes and its code predictor's are picked (set by the prefill)."""
@@ -283,41 +284,81 @@ class TalkerRequest:
             raise RuntimeError(f"talker request {self.rid} picked before its prefill")
         return self.first, self.rest
 
-    def prefilled(self) -> tuple[KVCache, torch.Tensor]:
-        """The cache and last hidden state that ``TalkerEngine.prefill`` left."""
-        if self.cache is None or self.hidden is None:
+    def last_hidden(self) -> torch.Tensor:
+        """The talker's output at its last position (1, 1, H), which its prefill left."""
+        if self.hidden is None:
             raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
-        return self.cache, self.hidden
+        return self.hidden
+
+    def own_cache(self) -> KVCache:
+        """Its KV cache on the torch engine."""
+        if self.cache is None:
+            raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
+        return self.cache
 
 
-class TalkerEngine:
-    """Runs many requests' talker steps as one batch."""
+class FirstCodes:
+    """How a frame's first code is picked, as the official generate does: the codes above the
+    codebook suppressed but end-of-speech, which waits for two frames (``suppress_tokens``,
+    ``min_new_tokens``), then each request's talker sampling."""
 
-    def __init__(self, model: Qwen3TTSModel) -> None:
-        self.model = model
-        self.talker = model.talker
-        tc = model.config["talker_config"]
-        self.eos = tc["codec_eos_token_id"]
-        vocab = tc["vocab_size"]
+    def __init__(self, talker_config: dict[str, Any]) -> None:
+        self.eos = talker_config["codec_eos_token_id"]
+        vocab = talker_config["vocab_size"]
         self.suppress = torch.ones(vocab, dtype=torch.bool)
         self.suppress[: vocab - 1024] = False
         self.suppress[self.eos] = False
         self.min_new_tokens = 2
 
     def masked(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
-        """The official generate's token masks on one row of first-code logits: the codes
-        above the codebook suppressed but end-of-speech, which waits for two frames
-        (``suppress_tokens``, ``min_new_tokens``; the sampler applies the rest)."""
+        """One row of first-code logits with the official generate's masks (the sampler
+        applies the rest)."""
         logits = logits.float().masked_fill(self.suppress.to(logits.device), float("-inf"))
         if len(generated) < self.min_new_tokens:
             logits[self.eos] = float("-inf")
         return logits
 
-    def _pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
-        """logits (B, vocab) -> next first codes, with the official generate's processors."""
+    def pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
+        """logits (B, vocab) -> each request's next first code, recorded in it (``token``,
+        ``generated``, ``done`` at end-of-speech or its budget)."""
         rows = zip(logits, reqs, strict=True)
         logits = torch.stack([self.masked(row, r.generated) for row, r in rows])
-        return pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
+        codes = pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
+        for r, code in zip(reqs, codes, strict=True):
+            r.generated.append(code)
+            r.token = code
+            if code == self.eos or len(r.generated) >= r.max_new_tokens:
+                r.done = True
+        return codes
+
+
+def next_inputs(talker: Any, reqs: list[TalkerRequest], first: torch.Tensor) -> tuple[Any, Any]:
+    """The frames of the requests' waiting first codes ``first`` (B,) and the talker's next
+    inputs: the code predictor fills in each frame's other groups from the request's last
+    talker output, then the sum of the frame's code embeddings plus the text the request reads
+    at that frame (its ``trailing`` text, then the pad). -> frames (B, groups), inputs (B, 1,
+    H); each request's ``frames`` counts the frame."""
+    hidden = torch.cat([r.last_hidden() for r in reqs], dim=0)
+    choose = predictor_choice(torch, [r.samplers()[1] for r in reqs])
+    rest = talker.code_predictor.predict(hidden, talker.codec_embed(first)[:, None], choose)
+    frames = torch.cat([first[:, None], rest], dim=1)
+    adds = []
+    for r in reqs:
+        tr = r.prompt.trailing
+        adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
+        r.frames += 1
+    return frames, talker.frame_embed(frames) + torch.stack(adds, dim=0)
+
+
+class TalkerEngine:
+    """The project's own engine (``engine.backend: transformers``): many requests' talker
+    steps as one batch, each request over its own KV cache."""
+
+    def __init__(self, model: Qwen3TTSModel) -> None:
+        self.model = model
+        self.talker = model.talker
+        self.codes = FirstCodes(model.config["talker_config"])
+        self.eos = self.codes.eos
 
     @torch.inference_mode()
     def prefill(self, req: TalkerRequest) -> None:
@@ -326,40 +367,23 @@ class TalkerEngine:
         req.cache = KVCache.empty(m.s.num_layers)
         h = m.prefill(req.prompt.embeds, req.cache)[:, -1:]
         req.hidden = h
-        self._advance([req], self.talker.codec_head(h[:, -1]))
-
-    def _advance(self, reqs: list[TalkerRequest], logits: torch.Tensor) -> None:
-        for r, tok in zip(reqs, self._pick(logits, reqs), strict=True):
-            r.generated.append(tok)
-            r.token = tok
-            if tok == self.eos or len(r.generated) >= r.max_new_tokens:
-                r.done = True
+        self.codes.pick(self.talker.codec_head(h[:, -1]), [req])
 
     @torch.inference_mode()
-    def step(self, reqs: list[TalkerRequest]) -> list[torch.Tensor]:
-        """One frame for each running request (none of them done): returns each one's frame
-        (groups,) and runs the talker on it, so that the next first code is known."""
+    def step(self, reqs: list[TalkerRequest]) -> list[tuple[TalkerRequest, torch.Tensor]]:
+        """One frame for each running request (none of them done): each one's frame
+        (groups,), and the talker run on it, so that the next first code is known."""
         t = self.talker
-        dev = t.codec_head.weight.device
-        first = torch.tensor([r.token for r in reqs], device=dev)
-        states = [r.prefilled() for r in reqs]
-        hidden = torch.cat([h for _, h in states], dim=0)
-        first_e = t.codec_embed(first)[:, None]
-        choose = predictor_choice(torch, [r.samplers()[1] for r in reqs])
-        rest = t.code_predictor.predict(hidden, first_e, choose)
-        frames = torch.cat([first[:, None], rest], dim=1)
-        x = t.frame_embed(frames)
-        adds = []
-        for r in reqs:
-            tr = r.prompt.trailing
-            adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
-            r.frames += 1
-        x = x + torch.stack(adds, dim=0)
-        h = t.model.step(x, [cache for cache, _ in states])
+        first = torch.tensor([r.token for r in reqs], device=t.codec_head.weight.device)
+        frames, x = next_inputs(t, reqs, first)
+        h = t.model.step(x, [r.own_cache() for r in reqs])
         for i, r in enumerate(reqs):
             r.hidden = h[i : i + 1]
-        self._advance(reqs, t.codec_head(h[:, -1]))
-        return [frames[i] for i in range(len(reqs))]
+        self.codes.pick(t.codec_head(h[:, -1]), reqs)
+        return [(r, frames[i]) for i, r in enumerate(reqs)]
+
+    def abort(self, req: TalkerRequest) -> None:
+        """(Nothing to free: a request's cache goes with it.)"""
 
 
 def speaker_embedding(model: Qwen3TTSModel, wav24k: torch.Tensor) -> torch.Tensor:
@@ -395,7 +419,7 @@ def generate(
         running = [r for r in reqs if not r.done]
         if not running:
             break
-        for r, f in zip(running, engine.step(running), strict=True):
+        for r, f in engine.step(running):
             out[r.rid].append(f)
     groups = model.config["talker_config"]["num_code_groups"]
     return [

@@ -22,10 +22,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from planner.spec import Backend
 from worker.models.qwen3_tts import VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
 from worker.models.stage_weights import torch_dtype
@@ -43,6 +44,10 @@ from worker.stages.base import (
 )
 from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
+
+if TYPE_CHECKING:
+    from worker.models.qwen3_tts.engine import TalkerEngine
+    from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -172,20 +177,28 @@ class TTSEngineExecutor(StageExecutor):
 
         self.torch = torch
         ck = self.ctx.checkpoint
-        with torch.device("meta"):
-            model = Qwen3TTSModel(read_config(ck))
-        load_stage_weights(
-            model,
-            self.ctx,
-            ck,
-            device=self.ctx.device,
-            dtype=torch_dtype(self.ctx.stage.dtype),
-            component=self.ctx.stage.component,
-        )
-        self.model = model.eval()
+        self.engine: TalkerEngine | SGLangTalkerEngine
+        if self.ctx.stage.engine.backend == Backend.SGLANG:
+            from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
+
+            self.engine = SGLangTalkerEngine(self.ctx)
+            # the talker's parts beside its decoder: what prompts and x-vectors are built with
+            self.model = self.engine.tts
+        else:
+            with torch.device("meta"):
+                model = Qwen3TTSModel(read_config(ck))
+            load_stage_weights(
+                model,
+                self.ctx,
+                ck,
+                device=self.ctx.device,
+                dtype=torch_dtype(self.ctx.stage.dtype),
+                component=self.ctx.stage.component,
+            )
+            self.model = model.eval()
+            self.engine = TalkerEngine(self.model)
         self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
         defaults = read_generation_config(ck)
-        self.engine = TalkerEngine(self.model)
         self.sampling = checkpoint_sampling(defaults)
         # the spec's cap, within the checkpoint's own max_new_tokens (the package's default)
         self.max_new = min(
@@ -249,7 +262,9 @@ class TTSEngineExecutor(StageExecutor):
 
     def abort(self, rid: str) -> None:
         self.pending = [r for r in self.pending if r.rid != rid]
-        self.running.pop(rid, None)
+        r = self.running.pop(rid, None)
+        if r is not None:
+            self.engine.abort(r.engine_req)
 
     def next_deadline(self) -> float | None:
         """Now while a request can be admitted, stepped or finished; None while every one
@@ -370,8 +385,8 @@ class TTSEngineExecutor(StageExecutor):
         # (a request reading streamed text sits out a step its next word has not reached)
         live = [r for r in self.running.values() if self._steppable(r)]
         if live:
-            frames = self.engine.step([r.engine_req for r in live])
-            for r, f in zip(live, frames, strict=True):
+            for req, f in self.engine.step([r.engine_req for r in live]):
+                r = self.running[req.rid]
                 r.frames += 1
                 outs.append((CHUNK, r.rid, {"codes": f.cpu().numpy()[None].astype(np.int64)}))
         for r in list(self.running.values()):

@@ -1,0 +1,268 @@
+"""The Qwen3-TTS talker on SGLang (``engine.backend: sglang``): SGLang's scheduler and KV pool
+under the talker's decoder, the project's own model class in SGLang's model registry.
+
+``Qwen3TTSTalkerForSGLang`` is SGLang's ``Qwen3ForCausalLM`` (the talker's decoder is a Qwen3
+decoder: SGLang's attention over its paged KV pool) with the talker's other parts beside it:
+the text embedding and projection, the code predictor and, on Base checkpoints, the speaker
+encoder (the project's modules, ``modeling``). Each request's state is its ``TalkerRequest``,
+registered with the model by request id (``states``); a forward finds its rows' requests by
+``ForwardBatch.rids``:
+
+- a prefill's inputs are the request's prompt embeddings (the token ids SGLang holds for it
+  are placeholders, so its prefix cache is off);
+- a decode step's input is the frame of the code just picked: the code predictor's 15 passes
+  run inside the step (from the request's last talker output and that code, each pass picked by
+  the request's sub-talker sampling), then the frame's code embeddings plus the text the
+  request reads at that frame go through the decoder (``engine.next_inputs``, shared with the
+  torch engine);
+- the next first code is picked in the model too (``engine.FirstCodes``: the official masks,
+  the request's own sampler and generator), and handed to SGLang's sampler as the only finite
+  logit: greedy there, it takes the pick. Greedy or seeded, the codes are the torch engine's.
+
+A request reading streamed text sits out the steps its next word has not reached: the stage
+holds it (``SGLangEngine.held``) and it keeps its KV outside the running batch. No CUDA graphs
+yet: the forward reads per-request state in Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.models.qwen3_tts.engine import (
+    GREEDY,
+    FirstCodes,
+    Prompt,
+    TalkerRequest,
+    next_inputs,
+    read_config,
+)
+from worker.models.qwen3_tts.modeling import Qwen3TTSModel
+from worker.models.stage_weights import LoadReport
+from worker.stages.base import StageContext
+
+ARCHITECTURE = "Qwen3TTSTalkerForSGLang"
+# the checkpoint's tensors that SGLang's Qwen3 decoder takes, and its names for them
+_DECODER = {
+    "talker.model.codec_embedding.": "model.embed_tokens.",
+    "talker.model.layers.": "model.layers.",
+    "talker.model.norm.": "model.norm.",
+    "talker.codec_head.": "lm_head.",
+}
+
+
+def sglang_model_dir(checkpoint: Path, out: Path) -> Path:
+    """A directory SGLang loads the talker from: the talker decoder's shape as a Qwen3 config
+    (what SGLang sizes its KV pool and attention by; the talker's three rope sections take one
+    position each for speech, which is Qwen3's rope), the checkpoint's whole config under
+    ``tts`` for the other parts, and the checkpoint's weight files linked."""
+    cfg = read_config(checkpoint)
+    tc = cfg["talker_config"]
+    heads = tc["num_attention_heads"]
+    qwen3 = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": tc["hidden_size"],
+        "intermediate_size": tc["intermediate_size"],
+        "num_hidden_layers": tc["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": tc.get("num_key_value_heads") or heads,
+        "head_dim": tc.get("head_dim") or tc["hidden_size"] // heads,
+        "rms_norm_eps": tc.get("rms_norm_eps", 1e-6),
+        "rope_theta": float(tc.get("rope_theta", 10000.0)),
+        "max_position_embeddings": tc.get("max_position_embeddings", 32768),
+        "vocab_size": tc["vocab_size"],
+        "hidden_act": tc.get("hidden_act", "silu"),
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "tts": cfg,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(qwen3))
+    for f in checkpoint.iterdir():
+        if f.is_file() and (f.suffix == ".safetensors" or f.name.endswith(".index.json")):
+            (out / f.name).symlink_to(f.resolve())
+    return out
+
+
+def register() -> None:
+    """The talker's model class in SGLang's registry (SGLang imported: ``vendor.load``)."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+    from sglang.srt.models.registry import ModelRegistry
+
+    class Qwen3TTSTalkerForSGLang(Qwen3ForCausalLM):
+        def __init__(self, config: Any, quant_config: Any = None, prefix: str = "") -> None:
+            super().__init__(config, quant_config, prefix)
+            rest = copy.deepcopy(config.tts)
+            rest["talker_config"]["num_hidden_layers"] = 0  # (the decoder is SGLang's)
+            self.tts = Qwen3TTSModel(rest)
+            talker = self.tts.talker
+            talker.model.codec_embedding = self.model.embed_tokens  # one embedding, shared
+            talker.codec_head = self.lm_head
+            self.codes = FirstCodes(config.tts["talker_config"])
+            self.states: dict[str, TalkerRequest] = {}
+
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            own = dict(self.tts.named_parameters()) | dict(self.tts.named_buffers())
+            decoder = []
+            for name, w in weights:
+                prefix = next((k for k in _DECODER if name.startswith(k)), None)
+                if prefix is not None:
+                    decoder.append((_DECODER[prefix] + name[len(prefix) :], w))
+                elif name in own:
+                    with torch.no_grad():
+                        own[name].copy_(w.to(own[name].dtype))
+                else:
+                    raise ValueError(f"the talker has no tensor {name!r}")
+            super().load_weights(decoder)
+
+        @torch.no_grad()
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            positions: torch.Tensor,
+            forward_batch: Any,
+            input_embeds: Any = None,
+            get_embedding: bool = False,
+            pp_proxy_tensors: Any = None,
+        ) -> Any:
+            reqs = [self.states.get(rid) or self._gone(rid) for rid in forward_batch.rids]
+            if forward_batch.forward_mode.is_extend():
+                chunks = list(
+                    zip(
+                        reqs,
+                        forward_batch.extend_prefix_lens_cpu,
+                        forward_batch.extend_seq_lens_cpu,
+                        strict=True,
+                    )
+                )
+                x = torch.cat([r.prompt.embeds[0, s : s + n] for r, s, n in chunks])
+                h = self.model(input_ids, positions, forward_batch, x)
+                ends = torch.tensor([n for _, _, n in chunks], device=h.device).cumsum(0) - 1
+                h = h[ends]
+                # (a long prompt's earlier chunks pick nothing)
+                ready = [s + n == r.prompt.embeds.shape[1] for r, s, n in chunks]
+            else:
+                frames, x = next_inputs(self.tts.talker, reqs, input_ids)
+                for r, frame in zip(reqs, frames, strict=True):
+                    r.frame = frame
+                h = self.model(input_ids, positions, forward_batch, x[:, 0])
+                ready = [True] * len(reqs)
+            rows = [i for i, ok in enumerate(ready) if ok]
+            for i in rows:
+                reqs[i].hidden = h[i][None, None]
+            logits = h[rows] @ self.lm_head.weight.T
+            forced = torch.full((len(reqs), logits.shape[-1]), float("-inf"), device=h.device)
+            forced[:, 0] = 0.0  # (rows that pick nothing)
+            picks = self.codes.pick(logits, [reqs[i] for i in rows]) if rows else []
+            for i, code in zip(rows, picks, strict=True):
+                forced[i, 0] = float("-inf")
+                forced[i, code] = 0.0
+            return LogitsProcessorOutput(next_token_logits=forced)
+
+        def _gone(self, rid: str) -> TalkerRequest:
+            """A row of a request aborted since the scheduler built the batch (its result is
+            dropped): a greedy stand-in."""
+            hidden = self.lm_head.weight.new_zeros(1, 1, self.config.hidden_size)
+            prompt = Prompt(hidden, hidden[:, :0], hidden)
+            r = TalkerRequest(rid, prompt, 1, GREEDY, hidden=hidden)
+            r.first, r.rest = GREEDY.states(torch, hidden.device)
+            return r
+
+    ModelRegistry.models[ARCHITECTURE] = Qwen3TTSTalkerForSGLang
+
+
+class SGLangTalkerEngine:
+    """The talker's engine on SGLang, with the torch ``TalkerEngine``'s methods: ``prefill``
+    submits a request (SGLang prefills those of a step together), ``step`` runs the prefills
+    then one decode step of the given requests, the others held."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        from worker.engines import sglang as vendor
+        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+
+        vendor.load()
+        register()
+        out = Path(tempfile.mkdtemp(prefix="omni-talker-sglang-"))
+        settings = dataclasses.replace(
+            EngineSettings.of_stage(ctx),
+            model_path=sglang_model_dir(ctx.checkpoint, out),
+            prefix_cache=False,
+            cuda_graphs=False,
+            grammar=False,
+            mixed_prefill=False,
+        )
+        self.engine = SGLangEngine(settings)
+        self.model: Any = self.engine.model
+        # what it holds, each shared tensor once (for bench/gpu_check.py)
+        held = {t.data_ptr(): t for t in self.model.state_dict().values()}
+        ctx.extra["loaded"] = LoadReport(len(held), sum(t.numel() for t in held.values()), ())
+        self.eos = self.model.codes.eos
+        self.pad = int(self.model.config.tts["talker_config"]["codec_pad_id"])
+        self.device = self.model.lm_head.weight.device
+        self.waiting: list[TalkerRequest] = []  # submitted, not prefilled yet
+
+    @property
+    def tts(self) -> Qwen3TTSModel:
+        """The talker's parts beside the decoder (prompts are built with them)."""
+        return self.model.tts
+
+    def prefill(self, req: TalkerRequest) -> None:
+        from worker.engines.base import EngineRequest
+        from worker.stages.sampling import Sampling
+
+        req.first, req.rest = req.sampling.states(torch, self.device)
+        self.model.states[req.rid] = req
+        n = int(req.prompt.embeds.shape[1])
+        self.engine.submit(
+            EngineRequest(
+                req.rid,
+                [self.pad] * n,
+                max_new_tokens=req.max_new_tokens,
+                sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
+                stop_token_ids=frozenset({self.eos}),
+            )
+        )
+        self.waiting.append(req)
+
+    def step(self, reqs: list[TalkerRequest]) -> list[tuple[TalkerRequest, torch.Tensor]]:
+        stepping = {r.rid for r in reqs}
+        self.engine.held = {rid for rid in self.model.states if rid not in stepping}
+        while self.waiting:
+            if not self.engine.has_work():
+                raise RuntimeError("the talker's prompts were not prefilled")
+            self._finish(self.engine.step())
+            self.waiting = [r for r in self.waiting if not r.generated and not r.done]
+        running = [r for r in reqs if not r.done]
+        if not running:
+            return []
+        self.engine.held = {rid for rid in self.model.states if rid not in stepping}
+        self._finish(self.engine.step())
+        out = []
+        for r in running:
+            frame = getattr(r, "frame", None)
+            if frame is None:
+                raise RuntimeError(f"talker request {r.rid} was not stepped")
+            r.frame = None
+            out.append((r, frame))
+        return out
+
+    def abort(self, req: TalkerRequest) -> None:
+        self.engine.abort(req.rid)
+        self.model.states.pop(req.rid, None)
+        self.waiting = [r for r in self.waiting if r.rid != req.rid]
+
+    def _finish(self, events: list[Any]) -> None:
+        for ev in events:
+            r = self.model.states.get(ev.rid)
+            if r is not None and ev.finish is not None:
+                r.done = True
+                self.model.states.pop(ev.rid)
