@@ -366,6 +366,12 @@ def test_a_talker_waiting_for_text_lets_the_others_run(fleet: FamilyFleet) -> No
         held, _, _ = utterance(ws, words, pause=0.5, meanwhile=lambda: beside.append(speech()))
         at_once, _, _ = utterance(ws, ["".join(words)], pause=0)
     assert beside == [alone] and held == at_once
+    # a client that leaves while its utterance is held: the talker drops it, the rest go on
+    with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "speech.create", "voice": "vivian", "input": words[0]}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
+        beside.append(speech())
+    assert beside[-1] == alone and speech() == alone
 
 
 def test_a_full_talker_is_refused_at_admission_through_the_router(fleet: FamilyFleet) -> None:

@@ -113,6 +113,9 @@ class SGLangEngine:
             return
         self.live.discard(rid)
         self.incoming = [r for r in self.incoming if r.rid != rid]
+        self.held.discard(rid)
+        if any(r.rid == rid for r in self._parked_reqs()):
+            self._park()  # back in the running batch, where the scheduler's abort finds it
         with self.grad_mode():
             self.scheduler.process_input_requests([self.io.AbortReq(rid=rid)])
         self.outputs.clear()  # (the abort's own notice; the request is forgotten here)
