@@ -234,13 +234,15 @@ class SGLangTalkerEngine:
         self.waiting.append(req)
 
     def step(self, reqs: list[TalkerRequest]) -> list[tuple[TalkerRequest, torch.Tensor]]:
-        stepping = {r.rid for r in reqs}
-        self.engine.held = {rid for rid in self.model.states if rid not in stepping}
+        # the new prompts first, every running request held: those steps can only prefill
+        new = {r.rid for r in self.waiting}
+        self.engine.held = {rid for rid in self.model.states if rid not in new}
         while self.waiting:
             if not self.engine.has_work():
                 raise RuntimeError("the talker's prompts were not prefilled")
             self._finish(self.engine.step())
             self.waiting = [r for r in self.waiting if not r.generated and not r.done]
+        stepping = {r.rid for r in reqs}
         running = [r for r in reqs if not r.done]
         if not running:
             return []
