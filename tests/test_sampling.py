@@ -181,7 +181,8 @@ def test_a_talkers_first_codes_are_drawn_as_the_official_generate_draws_them() -
         state = SamplerState.of(s, [])
         for code in generated:
             state.add(code)
-        ours = filtered_probs(torch, penalise(torch, engine.masked(row, generated), state), s)
+        masked = engine.masked(row[None], [generated])[0]
+        ours = filtered_probs(torch, penalise(torch, masked, state), s)
         torch.testing.assert_close(ours, scores.softmax(-1)[0])
         assert (ours[eos] == 0) == (len(generated) < 2)
 

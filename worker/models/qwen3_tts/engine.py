@@ -309,20 +309,24 @@ class FirstCodes:
         self.suppress[: vocab - 1024] = False
         self.suppress[self.eos] = False
         self.min_new_tokens = 2
+        self._on: dict[torch.device, torch.Tensor] = {}  # the mask on each device it met
 
-    def masked(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
-        """One row of first-code logits with the official generate's masks (the sampler
-        applies the rest)."""
-        logits = logits.float().masked_fill(self.suppress.to(logits.device), float("-inf"))
-        if len(generated) < self.min_new_tokens:
-            logits[self.eos] = float("-inf")
+    def masked(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
+        """First-code logits (B, vocab), each row with the official generate's masks given
+        the codes its request generated so far (the sampler applies the rest)."""
+        suppress = self._on.get(logits.device)
+        if suppress is None:
+            suppress = self._on[logits.device] = self.suppress.to(logits.device)
+        logits = logits.float().masked_fill(suppress, float("-inf"))
+        young = [i for i, g in enumerate(generated) if len(g) < self.min_new_tokens]
+        if young:
+            logits[young, self.eos] = float("-inf")
         return logits
 
     def pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
         """logits (B, vocab) -> each request's next first code, recorded in it (``token``,
         ``generated``, ``done`` at end-of-speech or its budget)."""
-        rows = zip(logits, reqs, strict=True)
-        logits = torch.stack([self.masked(row, r.generated) for row, r in rows])
+        logits = self.masked(logits, [r.generated for r in reqs])
         codes = pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
         for r, code in zip(reqs, codes, strict=True):
             r.generated.append(code)

@@ -273,8 +273,10 @@ class CodePredictor(nn.Module):
         x = self._proj(torch.cat([hidden, first_embed], dim=1))
         n = m.s.num_layers
         cache = [[None, None] for _ in range(n)]
-        pos = torch.arange(2, device=x.device)[None].expand(b, -1)
-        cos, sin = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+        # the rope of every position a frame's passes take, computed once
+        pos = torch.arange(self.groups + 1, device=x.device)[None].expand(b, -1)
+        cos_all, sin_all = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+        cos, sin = cos_all[:, :2], sin_all[:, :2]
         for layer, c in zip(m.layers, cache, strict=True):
             x = layer(x, cos, sin, None, c)
         h = m.norm(x)[:, -1:]
@@ -286,8 +288,7 @@ class CodePredictor(nn.Module):
             if j == self.groups - 2:
                 break
             x = self._proj(m.codec_embedding[j](code)[:, None])
-            pos = torch.full((b, 1), 2 + j, device=x.device)
-            cos, sin = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+            cos, sin = cos_all[:, 2 + j : 3 + j], sin_all[:, 2 + j : 3 + j]
             for layer, c in zip(m.layers, cache, strict=True):
                 x = layer(x, cos, sin, None, c)
             h = m.norm(x)
