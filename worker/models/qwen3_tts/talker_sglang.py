@@ -250,11 +250,10 @@ class SGLangTalkerEngine:
         self._finish(self.engine.step())
         out = []
         for r in running:
-            frame = getattr(r, "frame", None)
-            if frame is None:
+            if r.frame is None:
                 raise RuntimeError(f"talker request {r.rid} was not stepped")
+            out.append((r, r.frame))
             r.frame = None
-            out.append((r, frame))
         return out
 
     def abort(self, req: TalkerRequest) -> None:
