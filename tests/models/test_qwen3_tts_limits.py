@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.tts_stages import load_stages
-from worker.stages.base import DONE, FINAL, INVALID, REQUEST_INPUT, RequestMeta
+from tests.models.tts_stages import load_stages, start
+from worker.stages.base import DONE, INVALID, RequestMeta
 from worker.stages.request import RequestInput
 from worker.stages.sampling import Sampling
 
@@ -28,12 +28,7 @@ def stages(tmp_path_factory) -> dict:
 
 
 def _start(stages: dict, rid: str, text: str) -> None:
-    pre, talker = stages["preprocessing"], stages["tts_engine"]
-    pre.start(rid, META, {REQUEST_INPUT: RequestInput("speech", text=text, voice="vivian")})
-    ((kind, _, payload),) = pre.step()
-    assert kind == FINAL, payload
-    payload["max_new"] = FRAMES
-    talker.start(rid, META, {"preprocessing": payload})
+    start(stages, rid, META, RequestInput("speech", text=text, voice="vivian"), FRAMES, False)
 
 
 def _run(talker) -> tuple[list[tuple[int, set[str]]], dict[str, str]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.models.tts_stages import load_stages, step
-from worker.stages.base import FINAL, REQUEST_INPUT, RequestMeta
+from tests.models.tts_stages import load_stages, start, step
+from worker.stages.base import REQUEST_INPUT, RequestMeta
 from worker.stages.request import RequestInput
 from worker.stages.sampling import Sampling
 
@@ -31,15 +31,10 @@ def stages(tmp_path_factory) -> dict:
 def _speak(stages: dict, rid: str, pieces: list[str], every: int, sampling: Sampling):
     """The text's first piece with the request, then one more every ``every`` talker steps, then
     its end: (pcm16 bytes, the talker step of the first frame, the step of the last piece)."""
-    pre, talker, vocoder = stages["preprocessing"], stages["tts_engine"], stages["vocoder"]
+    talker = stages["tts_engine"]
     meta = RequestMeta("speech", frozenset({"audio"}), speech_sampling=sampling)
     req = RequestInput("speech", text=pieces[0], voice="vivian", text_follows=True)
-    pre.start(rid, meta, {REQUEST_INPUT: req})
-    ((kind, _, payload),) = pre.step()
-    assert kind == FINAL, payload
-    payload["max_new"] = FRAMES
-    talker.start(rid, meta, {"preprocessing": payload})
-    vocoder.start(rid, meta, {})
+    start(stages, rid, meta, req, FRAMES, True)
     left = list(pieces[1:])
     pcm: list[bytes] = []
     first_frame = last_piece = None

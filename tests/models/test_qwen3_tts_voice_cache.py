@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from planner.spec import Backend, ModelSpec
-from tests.models.tts_stages import load_stages, step
+from tests.models.tts_stages import load_stages, start, step
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import FINAL, REQUEST_INPUT, RequestMeta, StageContext
+from worker.stages.base import RequestMeta, StageContext
 from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.sampling import Sampling
 
@@ -41,17 +41,11 @@ def _voice(seed: int) -> np.ndarray:
 
 def _speak(stages: dict, rid: str, wav: np.ndarray, key: str | None) -> bytes:
     """One speech request through preprocessing -> tts_engine => vocoder; its pcm16 bytes."""
-    pre, talker, vocoder = stages["preprocessing"], stages["tts_engine"], stages["vocoder"]
     # (one seed: the cached and uncached runs draw alike)
     meta = RequestMeta("speech", frozenset({"audio"}), speech_sampling=Sampling(seed=3))
     opts = SpeechOptions(ref_text="what the voice says", voice_key=key)
     req = RequestInput("speech", text="cloned", voice="v", voice_audio=wav, speech=opts)
-    pre.start(rid, meta, {REQUEST_INPUT: req})
-    ((kind, _, payload),) = pre.step()
-    assert kind == FINAL, payload
-    payload["max_new"] = MAX_NEW
-    talker.start(rid, meta, {"preprocessing": payload})
-    vocoder.start(rid, meta, {})
+    start(stages, rid, meta, req, MAX_NEW, True)
     pcm: list[bytes] = []
     while not step(stages, rid, pcm)[1]:
         pass

@@ -10,7 +10,8 @@ import yaml
 from planner.spec import ModelSpec
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import DONE, OUT, StageContext
+from worker.stages.base import DONE, FINAL, OUT, REQUEST_INPUT, RequestMeta, StageContext
+from worker.stages.request import RequestInput
 
 
 def load_stages(spec_path: Path, cache: Path) -> dict:
@@ -28,6 +29,20 @@ def load_stages(spec_path: Path, cache: Path) -> dict:
         ex.load()
         out[name] = ex
     return out
+
+
+def start(
+    stages: dict, rid: str, meta: RequestMeta, request: RequestInput, frames: int, vocoder: bool
+) -> None:
+    """A request through preprocessing, then started on the talker with at most ``frames``
+    frames (and on the vocoder)."""
+    stages["preprocessing"].start(rid, meta, {REQUEST_INPUT: request})
+    ((kind, _, payload),) = stages["preprocessing"].step()
+    assert kind == FINAL, payload
+    payload["max_new"] = frames
+    stages["tts_engine"].start(rid, meta, {"preprocessing": payload})
+    if vocoder:
+        stages["vocoder"].start(rid, meta, {})
 
 
 def step(stages: dict, rid: str, pcm: list[bytes]) -> tuple[bool, bool]:

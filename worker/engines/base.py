@@ -52,6 +52,14 @@ class EngineEvent:
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
+    def reply(self, stop_tokens: frozenset[int]) -> tuple[list[int], list[TokenLogprob]]:
+        """Its tokens of the reply and their log probabilities: the stop token that ended the
+        request (both engines send it) is not part of the reply."""
+        if self.finish == "stop" and self.tokens and self.tokens[-1] in stop_tokens:
+            n = len(self.tokens) - 1
+            return self.tokens[:n], self.logprobs[:n]
+        return self.tokens, self.logprobs
+
 
 @dataclass(frozen=True, slots=True)
 class ForwardTrace:

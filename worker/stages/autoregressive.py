@@ -131,12 +131,13 @@ class LanguageModelExecutor(StageExecutor):
             self.reqs.pop(rid, None)
             return [(INVALID, rid, f"{self.ctx.name}: {ev.error}")]
         outs: list[Output] = []
-        for k, (token, lp) in enumerate(reply_tokens(ev, self.eos)):
+        tokens, logprobs = ev.reply(self.eos)
+        for k, token in enumerate(tokens):
             data: dict[str, Any] = {"tokens": [token]}
             if not r.started and k == 0:
                 data |= {"prompt_tokens": r.prompt_len, "cached_tokens": ev.cached_tokens}
-            if lp is not None:
-                data["logprobs"] = [(lp.logprob, list(lp.top))]
+            if logprobs:
+                data["logprobs"] = [(logprobs[k].logprob, list(logprobs[k].top))]
             outs.append((CHUNK, rid, data))
         r.started = r.started or bool(outs)
         r.generated += len(outs)
@@ -150,13 +151,3 @@ class LanguageModelExecutor(StageExecutor):
             }
             outs += [(END, rid, info), (DONE, rid, info)]
         return outs
-
-
-def reply_tokens(ev: EngineEvent, eos: frozenset[int]) -> list[tuple[int, Any]]:
-    """An event's tokens of the reply, each with its log probability (None where not asked):
-    the stop token that ended a request is not part of it."""
-    tokens = ev.tokens
-    if ev.finish == "stop" and tokens and tokens[-1] in eos:
-        tokens = tokens[:-1]
-    lps: list[Any] = list(ev.logprobs) or [None] * len(tokens)
-    return list(zip(tokens, lps[: len(tokens)], strict=True))

@@ -4,7 +4,9 @@ What is here, and nowhere else:
 - ``patches``: every patch of SGLang, each with why and the SGLang lines;
 - ``platform``: the out-of-tree platform that runs SGLang's engine on a CPU (CI runs the code
   path a GPU host runs);
-- ``models``: the project's model classes, registered in SGLang's model registry;
+- ``models``: the project's model classes, registered in SGLang's model registry (a class
+  built on a family's own modules lives with its family: the Qwen3-TTS talker's,
+  ``worker/models/qwen3_tts/talker_sglang.py``);
 - ``engine``: SGLang's scheduler run inside a stage process, behind ``worker.engines.base``.
 
 One SGLang version is supported (``PINNED``); install it with ``scripts/install.sh`` (CPU) or

@@ -163,7 +163,9 @@ class SGLangEngine:
         and the prefill just run, which the scheduler merges into it next), the others back
         in. A parked request keeps its KV and its place in the request pool; SGLang moves
         requests between batches the same way (``ScheduleBatch.filter_batch`` /
-        ``merge_batch``, as it merges a prefill into the running batch)."""
+        ``merge_batch``, ``schedule_batch.py:3834-3990``, as it merges a prefill into the
+        running batch, ``scheduler.py:3940-3961``). A decode step's inputs are gathered by
+        request-pool index after the move (``overlap_utils.py:113-143``)."""
         s = self.scheduler
         if self.parked is not None:
             back = [i for i, r in enumerate(self.parked.reqs) if r.rid not in self.held]
@@ -268,9 +270,12 @@ class SGLangEngine:
 
 def _split(batch: Any, rows: list[int]) -> Any:
     """The requests at ``rows`` of ``batch`` as a batch of their own; ``batch`` keeps the
-    others. (The copy's sampling info is its own: ``filter_batch`` rebinds its tensors. Its
-    penalizers are shared, which holds for requests that use none: the talkers pick their codes
-    in the model, SGLang's sampler only takes the pick.)"""
+    others. SGLang has no such split, only the in-place ``filter_batch``: the copy is filtered
+    one way and the batch the other. The copy's sampling info is its own, as
+    ``SamplingBatchInfo.filter_batch`` rebinds its tensors (``sampling_batch_info.py:466-510``);
+    its penalizer orchestrator is shared, which holds for requests that use no penalizer (its
+    ``filter``/``merge`` are no-ops then, ``penaltylib/orchestrator.py:106-164``): the talkers
+    pick their codes in the model, and SGLang's sampler only takes the pick."""
     part = copy.copy(batch)
     part.sampling_info = copy.copy(batch.sampling_info)
     part.filter_batch(keep_indices=rows)

@@ -223,10 +223,7 @@ class ThinkerExecutor(StageExecutor):
                 return []
             for_talker = states
         outs: list[Output] = []
-        tokens, logprobs = ev.tokens, ev.logprobs
-        if ev.finish == "stop" and tokens and tokens[-1] in self.eos:
-            n = len(tokens) - 1  # (the stop token is not part of the reply)
-            tokens, logprobs = tokens[:n], logprobs[:n]
+        tokens, logprobs = ev.reply(self.eos)
         first: dict[str, Any] = {}
         if not r.started:
             r.started = True

@@ -191,10 +191,11 @@ class SGLangTalkerEngine:
 
         vendor.load()
         register()
-        out = Path(tempfile.mkdtemp(prefix="omni-talker-sglang-"))
+        # (links and a config: gone with the engine)
+        self.model_dir = tempfile.TemporaryDirectory(prefix="omni-talker-sglang-")
         settings = dataclasses.replace(
             EngineSettings.of_stage(ctx),
-            model_path=sglang_model_dir(ctx.checkpoint, out),
+            model_path=sglang_model_dir(ctx.checkpoint, Path(self.model_dir.name)),
             prefix_cache=False,
             cuda_graphs=False,
             grammar=False,
