@@ -216,6 +216,14 @@ class Fleet:
         self.retired.append(w)
         return w
 
+    @staticmethod
+    def draining(w: WorkerProcess) -> bool:
+        try:
+            reply = httpx.get(w.url + "/ready", timeout=5)
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 503 and reply.json()["error"]["code"] == "draining"
+
     def tree(self, w: WorkerProcess) -> list[int]:
         return [w.pid, *w.children()]
 
@@ -268,6 +276,8 @@ class Fleet:
                 self.restart_router(i)
         for wid, w in list(self.workers.items()):
             self.signal_tree(w, signal.SIGCONT)
+            if w.proc.poll() is None and self.draining(w):
+                w.wait_exit(90)  # a scenario that failed part-way left it draining: let it go
             if w.proc.poll() is not None:
                 self.retire(wid)
         started = [self.add_worker() for _ in range(want - len(self.workers))]

@@ -254,10 +254,16 @@ class Response:
         except StageFailed as exc:
             status, code, message = stage_error(exc)
             self.status, self.error = "failed", RealtimeError(code, message, None, status)
-        finally:
+        except BaseException:
             if ticket is not None:
                 ticket.release()
-        await self._finish(started)
+            raise
+        try:
+            await self._finish(started)
+        finally:
+            # in flight until its client was told: a drain waits for the response.done too
+            if ticket is not None:
+                ticket.release()
 
     async def _stream(
         self, request: GenerationRequest, ticket: Ticket, where: dict, text_event: str
