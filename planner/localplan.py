@@ -15,6 +15,7 @@ def cpu_node_plan(
 ) -> NodePlan:
     """``groups`` (process name -> stages) overrides the spec's process groups."""
     groups = groups or spec.process_groups()
+    spec.check_processes(groups)
     processes = [
         ProcessPlan(
             name=f"0/{group}",

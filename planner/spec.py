@@ -186,6 +186,7 @@ class ModelSpec(Strict):
             raise ValueError("no stage is terminal: a request would never return")
         if not self.served_models:
             self.served_models = [self.name]
+        self.check_processes(self.process_groups())
         return self
 
     def process_groups(self) -> dict[str, list[str]]:
@@ -194,6 +195,18 @@ class ModelSpec(Strict):
         for name, stage in self.stages.items():
             groups.setdefault(stage.process, []).append(name)
         return groups
+
+    def check_processes(self, groups: dict[str, list[str]]) -> None:
+        """SGLang builds its process groups and global settings once a process: one stage on
+        ``engine.backend: sglang`` per process."""
+        for group, names in groups.items():
+            on = [n for n in names if self.stages[n].engine.backend == Backend.SGLANG]
+            if len(on) > 1:
+                raise ValueError(
+                    f"process {group!r} holds {len(on)} stages on engine.backend 'sglang' "
+                    f"({', '.join(on)}): SGLang runs one engine per process; give each its "
+                    "own `process`, or run all but one on backend 'transformers'"
+                )
 
 
 def resolve_model_dir(spec: ModelSpec, spec_path: Path) -> Path:

@@ -173,6 +173,16 @@ def test_bad_specs_give_precise_errors(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="process 'thinker' mixes tp_size"):
         load_spec(_spec(tmp_path, mixed_tp))
 
+    def two_sglang_engines(raw):
+        raw["stages"]["talker"]["process"] = "thinker"
+
+    with pytest.raises(
+        SpecError,
+        match=r"process 'thinker' holds 2 stages on engine.backend 'sglang' \(thinker, talker\)"
+        r".*give each its own `process`",
+    ):
+        load_spec(_spec(tmp_path, two_sglang_engines))
+
     with pytest.raises(SpecError, match="no such spec file or model directory"):
         load_spec(tmp_path / "missing.yaml")
 

@@ -49,8 +49,14 @@ def with_audio(clip: np.ndarray) -> list[dict]:
     return [{"role": "user", "content": [{"type": "audio", "audio": clip}, text]}]
 
 
-def make_engine(cache: Path, groups: dict[str, list[str]] | None = None) -> PipelineEngine:
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
+def make_engine(
+    cache: Path, groups: dict[str, list[str]] | None = None, talker: str | None = None
+) -> PipelineEngine:
+    """tiny-omni's pipeline, in ``groups`` of processes, its talker on backend ``talker``."""
+    raw = yaml.safe_load(SPEC_PATH.read_text())
+    if talker is not None:
+        raw["stages"]["talker"]["engine"]["backend"] = talker
+    spec = ModelSpec.model_validate(raw)
     return PipelineEngine(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
 
 
@@ -298,11 +304,14 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
     """Every stage in one process (payloads handed over in place, tensors included) and every
     stage in its own (every edge serialised) give what the tiny layout gives, byte for byte;
     only edges between processes are serialised, and nothing of an in-process edge reaches
-    the coordinator."""
+    the coordinator. (In one process the talker runs on the torch engine: SGLang runs one
+    engine a process, the thinker's; its codes are SGLang's, so the audio is too.)"""
     stages = list(engine.spec.stages)
     # one thread per process as in the tiny layout: sums split over threads round differently
     monkeypatch.setenv("OMNI_STAGE_THREADS", "1")
-    one = make_engine(cache_dir, groups={"all": stages})
+    with pytest.raises(ValueError, match=r"process 'all' holds 2 stages on engine\.backend"):
+        make_engine(cache_dir, groups={"all": stages})
+    one = make_engine(cache_dir, groups={"all": stages}, talker="transformers")
     split = make_engine(cache_dir, groups={s: [s] for s in stages})
     one.trace = {}
     await asyncio.wait_for(one.start(lambda _m: None), timeout=180)

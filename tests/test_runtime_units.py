@@ -587,9 +587,9 @@ def test_a_stage_that_sglang_does_not_serve_is_refused_at_start() -> None:
     from worker.stages.base import StageContext
 
     raw = yaml.safe_load(SPEC_PATH.read_text())
-    raw["stages"]["talker"]["engine"]["backend"] = "sglang"
+    raw["stages"]["code2wav"].setdefault("engine", {})["backend"] = "sglang"
     spec = ModelSpec.model_validate(raw)
-    ctx = StageContext("talker", spec, spec.stages["talker"], REPO / "configs/hf/tiny-omni",
+    ctx = StageContext("code2wav", spec, spec.stages["code2wav"], REPO / "configs/hf/tiny-omni",
                        "cpu", 4)  # fmt: skip
-    with pytest.raises(ValueError, match=r"stage talker: engine\.backend 'sglang' serves plain"):
+    with pytest.raises(ValueError, match=r"stage code2wav: engine\.backend 'sglang' serves plain"):
         make_executor(ctx)

@@ -36,13 +36,14 @@ pytestmark = pytest.mark.slow
 
 
 def _spec_for(model: str, tmp: Path) -> Path:
-    """The tiny spec on checkpoint ``model``; ``model@backend`` runs its thinker on that
-    engine (tiny-omni's own is SGLang's)."""
+    """The tiny spec on checkpoint ``model``; ``model@backend`` runs its thinker and its
+    talker on that engine (tiny-omni's own is SGLang's)."""
     name, _, backend = model.partition("@")
     spec = yaml.safe_load(SPEC.read_text())
     spec["model_dir"] = str(REPO / "configs" / "hf" / name)
     if backend:
-        spec["stages"]["thinker"]["engine"]["backend"] = backend
+        for stage in ("thinker", "talker"):
+            spec["stages"][stage]["engine"]["backend"] = backend
     path = tmp / f"{name}-{backend or 'default'}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -432,7 +433,7 @@ def test_a_spoken_voice_conversation_reuses_its_cached_clip(served, kept: bool) 
     _assert_equal(two, _reference_messages(tiny.checkpoint, [*as_processed, *second[1:]], True))
 
 
-# (the last: the project's own torch engine under the thinker, backend transformers)
+# (the last: the project's own torch engines under the thinker and the talker)
 @pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide", "tiny-omni@transformers"])
 def test_worker_equals_transformers_generate(model: str, served) -> None:
     wav, audio = _input_audio()

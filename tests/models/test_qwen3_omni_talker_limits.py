@@ -1,7 +1,9 @@
 """The Qwen3-Omni talker within the plan's KV pool, as the thinker: a reply's talker row that
 does not fit beside the running ones waits until one leaves; one that could never fit is
-refused with the context-length error. The tiny checkpoint's talker runs in this process, fed
-as the thinker feeds it (its prompt states, then its reply's tokens and embeddings)."""
+refused with the context-length error. The tiny checkpoint's talker runs in this process on the
+torch engine (SGLang builds its process groups once a process, and the thinker's in-process
+tests hold them), fed as the thinker feeds it (its prompt states, then its reply's tokens and
+embeddings)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ FRAMES = 4
 
 @pytest.fixture(scope="module")
 def talker(tmp_path_factory: pytest.TempPathFactory):
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["stages"]["talker"]["engine"]["backend"] = "transformers"
+    spec = ModelSpec.model_validate(raw)
     ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("omni"), log=lambda _m: None)
     ctx = StageContext("talker", spec, spec.stages["talker"], ck, "cpu", 8, kv_tokens=0)
     ex = make_executor(ctx)

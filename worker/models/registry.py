@@ -81,8 +81,8 @@ def make_executor(ctx: StageContext) -> StageExecutor:
         # refused when the worker starts, not at the first request
         raise ValueError(
             f"stage {ctx.name}: engine.backend 'sglang' serves plain language models, the "
-            "Qwen3-Omni thinker and the Qwen3-ASR decoder (the talkers and the aligner run on "
-            "backend 'transformers')"
+            "Qwen3-Omni thinker and talker, the Qwen3-TTS talker and the Qwen3-ASR decoder "
+            "(encoders, vocoders and the aligner run on backend 'transformers')"
         )
     if family is not None:
         return family.make_executor(ctx)

@@ -130,6 +130,11 @@ class SGLangEngine:
     def queue_depth(self) -> int:
         return len(self.live)
 
+    @property
+    def pool_tokens(self) -> int:
+        """The tokens its KV pool holds (the plan's budget, as SGLang sized it)."""
+        return int(self.scheduler.max_total_num_tokens)
+
     def step(self) -> list[EngineEvent]:
         with self.grad_mode():  # as SGLang's event loop runs (``scheduler.py:2025``)
             return self._step()

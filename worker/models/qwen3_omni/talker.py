@@ -84,6 +84,11 @@ class _Request:
     codes: list[int] = field(default_factory=list)  # first codes so far
     past_hidden: Any = None  # the talker's last hidden state (1, 1, H)
     frames: int = 0
+    # on SGLang (talker_sglang): the prompt the model reads, and each step's inputs and output
+    prompt_embeds: Any = None  # (1, positions, H)
+    positions: Any = None  # its 3-D rope positions (3, positions)
+    trailing: Any = None  # the text the coming step reads (H,)
+    frame: Any = None  # the codes of the frame the last step fed in (1, groups)
 
 
 class TalkerExecutor(StageExecutor):
@@ -91,17 +96,14 @@ class TalkerExecutor(StageExecutor):
         import torch
 
         self.torch = torch
-        self.config, self.talker = load(self.ctx)
+        self.config, self.talker = self._load_talker()
         tc = self.config.talker_config
         self.tc = tc
         self.codec_embed = self.talker.get_input_embeddings()
         self.predictor = self.talker.code_predictor
         self.groups = tc.num_code_groups
-        vocab = tc.text_config.vocab_size
         self.eos = tc.codec_eos_token_id
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.ctx.device)
-        self.suppress[max(0, vocab - 1024) :] = True
-        self.suppress[self.eos] = False
+        self.suppress = suppressed_codes(torch, tc, self.ctx.device)
         self.mm_ids = torch.tensor(
             [tc.audio_token_id, tc.image_token_id, tc.video_token_id], device=self.ctx.device
         )
@@ -117,6 +119,10 @@ class TalkerExecutor(StageExecutor):
         self.running: dict[str, _Request] = {}
         self.batch = KVBatch()
         self.deltas: Any = None
+
+    def _load_talker(self) -> tuple[Any, Any]:
+        """(the model's config, the talker module): transformers' whole talker."""
+        return load(self.ctx)
 
     def warmup(self) -> None:
         meta = RequestMeta("chat", frozenset({"audio"}))
@@ -220,10 +226,11 @@ class TalkerExecutor(StageExecutor):
         if r.first is None or not (r.tokens or r.ended):
             return False
         # within the plan's KV pool, as the thinker admits; the talker's prompt is at most the
-        # thinker prompt's user turns and 9 more positions (what ``_prefill`` builds)
-        return not self.running or self.batch.fits(
-            len(r.prompt["input_ids"]) + 9, self.ctx.kv_tokens
-        )
+        # thinker prompt's user turns and 9 more positions (what ``_prompt`` builds)
+        return self._fits(r, len(r.prompt["input_ids"]) + 9)
+
+    def _fits(self, r: _Request, positions: int) -> bool:
+        return not self.running or self.batch.fits(positions, self.ctx.kv_tokens)
 
     def _ready(self, r: _Request) -> bool:
         """Step k needs the thinker's token k + 1 and to know whether it is the last one."""
@@ -231,13 +238,14 @@ class TalkerExecutor(StageExecutor):
         return r.ended or len(r.tokens) > k + 2
 
     # ---- prefill ---------------------------------------------------------------------------
-    def _prefill(self, r: _Request) -> list[Output]:
+    def _prompt(self, r: _Request) -> tuple[Any, Any]:
+        """The talker's prompt for ``r`` as embeddings (1, positions, H) and its 3-D rope
+        positions (3, positions); sets the request's rope delta and caps its frames by the
+        context. ValueError: a prompt the talker cannot take."""
         torch = self.torch
         dev, dtype = self.ctx.device, self.codec_embed.weight.dtype
         first = r.first
         assert first is not None
-        if not r.tokens:  # the thinker said nothing: nothing to speak
-            return self._finish(r)
         ids = torch.tensor(r.prompt["input_ids"], device=dev)
         n = ids.shape[0]
         embed = on_device(first["prompt_embed"], dev, dtype)
@@ -308,11 +316,20 @@ class TalkerExecutor(StageExecutor):
                 else None,
             )
             r.delta = int(deltas.view(-1)[0])
-        else:
-            positions = torch.arange(total, device=dev).view(1, 1, -1).expand(3, 1, -1)
-        text_pos = torch.arange(total, device=dev).view(1, 1, -1)
+            return inputs, positions[:, 0]
+        return inputs, torch.arange(total, device=dev).view(1, -1).expand(3, -1)
+
+    def _prefill(self, r: _Request) -> list[Output]:
+        torch = self.torch
+        if not r.tokens:  # the thinker said nothing: nothing to speak
+            return self._finish(r)
+        inputs, positions = self._prompt(r)
+        total = inputs.shape[1]
+        text_pos = torch.arange(total, device=self.ctx.device).view(1, 1, -1)
         out = self.talker.model(
-            inputs_embeds=inputs, position_ids=torch.cat([text_pos, positions]), use_cache=True
+            inputs_embeds=inputs,
+            position_ids=torch.cat([text_pos, positions[:, None]]),
+            use_cache=True,
         )
         r.pos = total
         r.past_hidden = out.last_hidden_state[:, -1:]
@@ -328,20 +345,13 @@ class TalkerExecutor(StageExecutor):
     def _step(self, rows: list[_Request]) -> list[Output]:
         torch = self.torch
         dev = self.ctx.device
-        last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
-        past = torch.cat([r.past_hidden for r in rows])
-        residual = self._residual_codes(past, last, rows)  # (B, groups - 1)
-        frame_sum = self.codec_embed(last)[:, 0]
-        for j in range(self.groups - 1):
-            frame_sum = frame_sum + self.predictor.model.codec_embedding[j](residual[:, j])
+        for r in rows:
+            r.trailing = self._trailing(r, len(r.codes) - 1)
+        embeds = frame_inputs(self.talker, self.codec_embed, rows)[:, None]
         outs: list[Output] = []
-        inputs = []
-        for i, r in enumerate(rows):
-            frame = np.array([[r.codes[-1], *residual[i].tolist()]], dtype=np.int64)
-            outs.append((CHUNK, r.rid, {"codes": frame}))
+        for r in rows:
+            outs.append((CHUNK, r.rid, {"codes": r.frame}))
             r.frames += 1
-            inputs.append(frame_sum[i] + self._trailing(r, len(r.codes) - 1))
-        embeds = torch.stack(inputs)[:, None]
         # rows not ready this step sit out as masked bubbles
         index = {r.rid: i for i, r in enumerate(rows)}
         full = [self.running[rid] for rid in self.batch.rids]
@@ -371,24 +381,6 @@ class TalkerExecutor(StageExecutor):
         if done:
             self.batch.leave(done)
         return outs
-
-    def _residual_codes(self, past: Any, first: Any, rows: list[_Request]) -> Any:
-        """The code predictor: codes 1..groups-1 of the frame whose first code is ``first``,
-        from the talker's hidden state that predicted it, each picked by the rows' samplers."""
-        torch = self.torch
-        model = self.predictor.model
-        picked = predictor_choice(torch, [r.rest_picks for r in rows])
-
-        def choose(logits: Any) -> Any:
-            return logits.argmax(-1) if picked is None else picked(logits)
-
-        out = model(inputs_embeds=torch.cat([past, self.codec_embed(first)], dim=1), use_cache=True)
-        codes = [choose(self.predictor.lm_head[0](out.last_hidden_state[:, -1]))]
-        for j in range(1, self.groups - 1):
-            e = model.codec_embedding[j - 1](codes[-1])[:, None]
-            out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
-            codes.append(choose(self.predictor.lm_head[j](out.last_hidden_state[:, -1])))
-        return torch.stack(codes, dim=1)
 
     def _trailing(self, r: _Request, k: int) -> Any:
         """The text the talker reads at step k: the thinker's token k + 1, tts_eos right after
@@ -420,12 +412,71 @@ class TalkerExecutor(StageExecutor):
         )
 
     def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
-        """Each row's next first code: the control codes suppressed, then its sampler (the
-        repetition penalty over its first codes so far, and its draw)."""
-        logits = logits.float().masked_fill(self.suppress, float("-inf"))
-        return pick_codes(self.torch, logits, [r.first_picks for r in rows])
+        return pick_first_codes(logits, self.suppress, rows)
 
     def _finish(self, r: _Request) -> list[Output]:
         self.running.pop(r.rid, None)
         info = {"frames": r.frames}
         return [(END, r.rid, info), (DONE, r.rid, info)]
+
+
+# ---- what both engines compute alike (the torch executor above, talker_sglang's model) -------
+def suppressed_codes(torch: Any, tc: Any, device: Any) -> Any:
+    """The first codes ``generate`` never picks: the control codes (the vocabulary's last
+    1,024) but end-of-speech."""
+    vocab = tc.text_config.vocab_size
+    suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+    suppress[max(0, vocab - 1024) :] = True
+    suppress[tc.codec_eos_token_id] = False
+    return suppress
+
+
+def pick_first_codes(logits: Any, suppress: Any, rows: list[_Request]) -> list[int]:
+    """Each row's next first code: the control codes suppressed, then its sampler (the
+    repetition penalty over its first codes so far, and its draw)."""
+    import torch
+
+    logits = logits.float().masked_fill(suppress, float("-inf"))
+    return pick_codes(torch, logits, [r.first_picks for r in rows])
+
+
+def frame_inputs(talker: Any, codec_embed: Any, rows: list[_Request]) -> Any:
+    """The next step's input of each row (rows x H): the code predictor completes the frame
+    whose first code the row picked last (``r.frame``, all its codes), and the frame's code
+    embeddings plus the text the row reads at that step (``r.trailing``) are summed."""
+    import torch
+
+    dev = codec_embed.weight.device
+    last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
+    past = torch.cat([r.past_hidden for r in rows])
+    residual = residual_codes(talker, codec_embed, past, last, rows)  # (B, groups - 1)
+    predictor = talker.code_predictor
+    frame_sum = codec_embed(last)[:, 0]
+    for j in range(residual.shape[1]):
+        frame_sum = frame_sum + predictor.model.codec_embedding[j](residual[:, j])
+    for i, r in enumerate(rows):
+        r.frame = np.array([[r.codes[-1], *residual[i].tolist()]], dtype=np.int64)
+    return frame_sum + torch.stack([r.trailing for r in rows])
+
+
+def residual_codes(
+    talker: Any, codec_embed: Any, past: Any, first: Any, rows: list[_Request]
+) -> Any:
+    """The code predictor: codes 1..groups-1 of the frame whose first code is ``first``,
+    from the talker's hidden state that predicted it, each picked by the rows' samplers."""
+    import torch
+
+    predictor = talker.code_predictor
+    model = predictor.model
+    picked = predictor_choice(torch, [r.rest_picks for r in rows])
+
+    def choose(logits: Any) -> Any:
+        return logits.argmax(-1) if picked is None else picked(logits)
+
+    out = model(inputs_embeds=torch.cat([past, codec_embed(first)], dim=1), use_cache=True)
+    codes = [choose(predictor.lm_head[0](out.last_hidden_state[:, -1]))]
+    for j in range(1, talker.config.num_code_groups - 1):
+        e = model.codec_embedding[j - 1](codes[-1])[:, None]
+        out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
+        codes.append(choose(predictor.lm_head[j](out.last_hidden_state[:, -1])))
+    return torch.stack(codes, dim=1)
