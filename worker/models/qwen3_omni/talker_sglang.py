@@ -87,13 +87,14 @@ def sglang_model_dir(checkpoint: Path, out: Path) -> Path:
     cfg = json.loads((checkpoint / "config.json").read_text())
     # (read through transformers: the checkpoint's names vary with the version that wrote it,
     # ``num_experts`` or ``num_local_experts``, ``rope_scaling`` or ``rope_parameters``)
-    text = Qwen3OmniMoeConfig.from_dict(copy.deepcopy(cfg)).talker_config.text_config
+    talker: Any = Qwen3OmniMoeConfig.from_dict(copy.deepcopy(cfg)).talker_config
+    text = talker.text_config
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     moe = {k: getattr(text, k) for k in _TEXT_KEYS if hasattr(text, k)}
     moe |= {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3_moe",
-        "rope_theta": float(rope.get("rope_theta") or getattr(text, "rope_theta", 10000.0)),
+        "rope_theta": float(rope.get("rope_theta") or getattr(text, "rope_theta", None) or 1e4),
         "rope_scaling": {
             "rope_type": "default",
             "mrope_section": rope["mrope_section"],
