@@ -1,9 +1,12 @@
 """The staged Qwen3-Omni pipeline against transformers' own ``generate``, in one run (by hand):
 
     python bench/bench_qwen3_omni.py [--requests 32] [--concurrency 8] [--max-tokens 24]
+                                     [--talkers sglang transformers]
 
 1. A real ``omni-worker`` (tiny-omni, CPU, every stage group in its own process) serves chat
-   requests with speech output at the given concurrency: requests/s and audio seconds/s.
+   requests with speech output (greedy: every engine does the same work) at concurrency 1 and
+   at the given concurrency: requests/s and audio seconds/s; once per talker engine
+   (``--talkers``: SGLang's scheduler, tiny-omni's, and the project's torch engine).
 2. One streamed request: when its first audio chunk arrives against when its last text delta
    arrives (the thinker's end): streaming edges put audio out while the thinker still writes.
 3. The worker stops; ``Qwen3OmniMoeForConditionalGeneration.generate`` on the same checkpoint
@@ -40,6 +43,7 @@ def body(prompt: str, max_tokens: int, stream: bool = False) -> dict:
         "model": "tiny-omni",
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
+        "temperature": 0,
         "modalities": ["text", "audio"],
         "audio": {"voice": "ethan", "format": "pcm16"},
         "stream": stream,
@@ -110,53 +114,74 @@ def reference(checkpoint: Path, texts: list[str], max_tokens: int, talker_max: i
     return time.perf_counter() - t0, audio_s
 
 
+def serve(talker: str, cache: Path, port: int) -> subprocess.Popen:
+    """A worker on tiny-omni with its talker on ``talker``, ready."""
+    import yaml
+
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
+    raw["stages"]["talker"]["engine"]["backend"] = talker
+    spec = cache / f"tiny-omni-{talker}.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    log = open(cache / f"worker-{talker}.log", "wb")  # noqa: SIM115 - lives as long as the worker
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "--spec", str(spec), "--gpus", "cpu",
+         "--port", str(port), "--cache-dir", str(cache)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                return worker
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or worker.poll() is not None:
+            worker.kill()
+            raise SystemExit(log.name + ":\n" + Path(log.name).read_text()[-3000:])
+        time.sleep(0.5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--reference-requests", type=int, default=8)
+    ap.add_argument("--talkers", nargs="+", default=["sglang", "transformers"])
     args = ap.parse_args()
     import yaml
 
     talker_max = yaml.safe_load(SPEC.read_text())["stages"]["talker"]["engine"]["max_new_tokens"]
     cache = Path(tempfile.mkdtemp(prefix="omni-bench-"))
     port = 18_700
-    log = open(cache / "worker.log", "wb")  # noqa: SIM115 - lives as long as the worker
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "--spec", str(SPEC), "--gpus", "cpu",
-         "--port", str(port), "--cache-dir", str(cache)],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
-    )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise SystemExit((cache / "worker.log").read_text()[-3000:])
-            time.sleep(0.5)
-        texts = prompts(args.requests)
-        wall, audio = asyncio.run(staged(url, texts, args.concurrency, args.max_tokens))
-        first_audio, last_text = streamed(url, 48)
-    finally:
-        worker.terminate()
-        worker.wait(60)
+    texts = prompts(args.requests)
+    staged_rps = 0.0
+    for talker in args.talkers:
+        worker = serve(talker, cache, port)
+        try:
+            for c in (1, args.concurrency):
+                wall, audio = asyncio.run(staged(url, texts, c, args.max_tokens))
+                staged_rps = args.requests / wall
+                print(f"talker on {talker}, c={c}: {args.requests} requests in {wall:.1f} s = "
+                      f"{staged_rps:.2f} req/s, {audio / wall:.2f} audio s/s")  # fmt: skip
+            first_audio, last_text = streamed(url, 48)
+            print(
+                f"talker on {talker}, streamed request: first audio at "
+                f"{first_audio * 1000:.0f} ms, last text delta at {last_text * 1000:.0f} ms"
+            )
+        finally:
+            worker.terminate()
+            worker.wait(60)
     (checkpoint,) = [p for p in cache.iterdir() if p.is_dir() and p.name.startswith("tiny-omni")]
     ref_texts = texts[: args.reference_requests]
     ref_wall, ref_audio = reference(checkpoint, ref_texts, args.max_tokens, talker_max)
-    staged_rps, ref_rps = args.requests / wall, len(ref_texts) / ref_wall
-    print(f"staged worker, c={args.concurrency}: {args.requests} requests in {wall:.1f} s = "
-          f"{staged_rps:.2f} req/s, {audio / wall:.2f} audio s/s")  # fmt: skip
+    ref_rps = len(ref_texts) / ref_wall
     print(f"generate, one at a time: {len(ref_texts)} requests in {ref_wall:.1f} s = "
           f"{ref_rps:.2f} req/s, {ref_audio / ref_wall:.2f} audio s/s")  # fmt: skip
-    print(f"ratio: {staged_rps / ref_rps:.1f}x requests/s")
-    print(f"streamed request: first audio at {first_audio * 1000:.0f} ms, "
-          f"last text delta at {last_text * 1000:.0f} ms")  # fmt: skip
+    print(f"ratio (the last talker engine at c={args.concurrency}): "
+          f"{staged_rps / ref_rps:.1f}x requests/s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -587,9 +587,10 @@ def test_a_stage_that_sglang_does_not_serve_is_refused_at_start() -> None:
     from worker.stages.base import StageContext
 
     raw = yaml.safe_load(SPEC_PATH.read_text())
-    raw["stages"]["code2wav"].setdefault("engine", {})["backend"] = "sglang"
+    raw["stages"]["audio_encoder"].setdefault("engine", {})["backend"] = "sglang"
+    raw["stages"]["audio_encoder"]["process"] = "audio"  # (one SGLang stage a process)
     spec = ModelSpec.model_validate(raw)
-    ctx = StageContext("code2wav", spec, spec.stages["code2wav"], REPO / "configs/hf/tiny-omni",
-                       "cpu", 4)  # fmt: skip
-    with pytest.raises(ValueError, match=r"stage code2wav: engine\.backend 'sglang' serves plain"):
+    stage = spec.stages["audio_encoder"]
+    ctx = StageContext("audio_encoder", spec, stage, REPO / "configs/hf/tiny-omni", "cpu", 4)
+    with pytest.raises(ValueError, match=r"stage audio_encoder: engine\.backend 'sglang' serves"):
         make_executor(ctx)

@@ -100,8 +100,6 @@ class TalkerExecutor(StageExecutor):
         tc = self.config.talker_config
         self.tc = tc
         self.codec_embed = self.talker.get_input_embeddings()
-        self.predictor = self.talker.code_predictor
-        self.groups = tc.num_code_groups
         self.eos = tc.codec_eos_token_id
         self.suppress = suppressed_codes(torch, tc, self.ctx.device)
         self.mm_ids = torch.tensor(

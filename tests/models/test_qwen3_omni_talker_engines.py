@@ -1,0 +1,105 @@
+"""The Qwen3-Omni talker on SGLang picks the torch engine's codes, frame for frame: four replies
+on the tiny checkpoint, two greedy and two seeded (one at the checkpoint's temperature, one at
+its own), their thinker tokens streamed in one a step so that each waits for its next token
+at its own pace (held out of SGLang's batch meanwhile), stepped together on each engine.
+
+Both engines run in a child process of their own: SGLang builds its process groups once a
+process, and the in-process thinker tests of this session hold this one's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
+
+
+def _talker(backend: str, cache: Path) -> Any:
+    import yaml
+
+    from planner.spec import ModelSpec
+    from worker.models.checkpoint import resolve_checkpoint
+    from worker.models.registry import make_executor
+    from worker.stages.base import StageContext
+
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["stages"]["talker"]["engine"]["backend"] = backend
+    spec = ModelSpec.model_validate(raw)
+    ck = resolve_checkpoint(spec, SPEC, cache, log=lambda _m: None)
+    ctx = StageContext("talker", spec, spec.stages["talker"], ck, "cpu", 8, kv_tokens=4096)
+    ex = make_executor(ctx)
+    ex.load()
+    return ex
+
+
+def _frames(talker: Any) -> dict[str, Any]:
+    """Each reply's frames (or its refusal), its thinker tokens fed one a step."""
+    import numpy as np
+
+    from worker.stages.base import CHUNK, INVALID, RequestMeta
+    from worker.stages.sampling import Sampling
+
+    cfg, width = talker.config, talker.tc.thinker_hidden_size
+    greedy = Sampling(temperature=0.0)
+    replies = [  # (id, user words, speech sampling, thinker tokens, seed of the inputs)
+        ("greedy-short", 5, greedy, 10, 0),
+        ("greedy-long", 9, greedy, 30, 1),
+        ("seeded", 7, Sampling(seed=5), 20, 2),
+        ("greedy-as-seeded", 7, greedy, 20, 2),
+        ("seeded-warm", 3, Sampling(seed=9, temperature=0.7), 6, 3),
+    ]
+    streams: dict[str, list[Any]] = {}  # id -> [its thinker embeddings, how many fed]
+    for rid, words, sampling, tokens, n in replies:
+        ids = [cfg.im_start_token_id, cfg.user_token_id, *([10] * words), cfg.im_end_token_id]
+        ids += [cfg.im_start_token_id, cfg.assistant_token_id, 10]
+        meta = RequestMeta("chat", frozenset({"audio"}), speech_sampling=sampling)
+        talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        rng = np.random.default_rng(n)
+        prompt = rng.standard_normal((2, len(ids), width)).astype(np.float32)
+        embeds = rng.standard_normal((tokens, width)).astype(np.float32)
+        first = {"prompt_embed": prompt[0], "prompt_hidden": prompt[1], "tts_embeds": embeds[:3]}
+        talker.feed(rid, "thinker", {"tokens": [11, 12], "embeds": embeds[:2], **first})
+        streams[rid] = [embeds, 2]
+    out: dict[str, Any] = {}
+    while True:
+        for rid, stream in streams.items():
+            embeds, fed = stream
+            if fed < len(embeds):
+                talker.feed(rid, "thinker", {"tokens": [11 + fed], "embeds": embeds[fed : fed + 1]})
+            elif fed == len(embeds):
+                talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
+            stream[1] = fed + 1
+        if talker.next_deadline() is None and all(s[1] > len(s[0]) for s in streams.values()):
+            return out
+        for kind, rid, data in talker.step():
+            if kind == CHUNK:
+                out.setdefault(rid, []).append(data["codes"].tolist())
+            elif kind == INVALID:
+                out[rid] = data
+
+
+def test_the_sglang_talker_picks_the_torch_engines_codes(tmp_path: Path) -> None:
+    found = {}
+    for backend in ("sglang", "transformers"):
+        child = subprocess.run(
+            [sys.executable, __file__, backend, str(tmp_path)],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert child.returncode == 0, child.stderr[-3000:]
+        found[backend] = json.loads(child.stdout.splitlines()[-1])
+    assert found["sglang"] == found["transformers"]
+    frames = found["sglang"]
+    assert all(isinstance(f, list) and len(f) >= 2 for f in frames.values()), frames
+    assert frames["seeded"] != frames["greedy-as-seeded"]  # (the same inputs: sampled)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    torch.set_num_threads(1)
+    print(json.dumps(_frames(_talker(sys.argv[1], Path(sys.argv[2])))))
