@@ -45,6 +45,14 @@ CHECKS = {
         ("preprocessing", "tts_engine", "vocoder"),
     ),
     "asr": ("qwen3-asr-0.6b.yaml", "tiny-qwen3-asr.yaml", ("asr",)),
+    # the talker on SGLang (the spec's engine) in a process of its own: the "omni" check runs
+    # the thinker on SGLang, and SGLang runs one engine a process, so its talker there is the
+    # torch engine's
+    "omni-talker": (
+        "qwen3-omni-30b-a3b-speech.yaml",
+        "tiny-omni.yaml",
+        ("talker", "code2wav"),
+    ),
 }
 TINY_FOR = {"tts": "tiny-qwen3-tts-base.yaml", "asr": "tiny-qwen3-asr.yaml"}
 GPU = "1xH200-141GB"
@@ -66,7 +74,7 @@ def main() -> None:
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     real = cuda if args.real_size is None else args.real_size
-    models = [name for name in ("omni", "tts", "asr") if name in args.models]
+    models = [name for name in ("omni", "omni-talker", "tts", "asr") if name in args.models]
     if len(models) > 1:
         # one process per model: SGLang's engine (the thinker's, the talker's, the ASR's)
         # builds its process groups once per process
@@ -85,6 +93,9 @@ def main() -> None:
             for concurrency in (1, 32):
                 _thinker_at(executors["thinker"], concurrency, args.prompt_tokens,
                             args.new_tokens, RequestMeta)  # fmt: skip
+        elif name == "omni-talker":
+            for concurrency in (1, 32):
+                _drive_talker(executors, args.prompt_tokens, args.new_tokens, concurrency)
         elif name == "tts":
             for concurrency in (1, 32):
                 _drive_tts(executors, args.new_tokens, concurrency)
@@ -100,6 +111,7 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
 
     from planner.api import plan_spec
     from planner.loader import load_spec
+    from planner.spec import Backend
     from worker.models.checkpoint import resolve_checkpoint
     from worker.models.registry import make_executor
     from worker.stages.base import StageContext
@@ -110,6 +122,8 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
     if not cuda:
         for stage in spec.stages.values():
             stage.dtype = "fp32"
+    if name == "omni":  # (one SGLang engine a process: the thinker's; see "omni-talker")
+        spec.stages["talker"].engine.backend = Backend.TRANSFORMERS
     plan = plan_spec(spec_path, GPU).plan if real else None
     planned = {
         sp.stage: sp.memory.weights
@@ -144,7 +158,7 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
             kv_tokens=kv_tokens.get(stage_name, 0),
             # Omni draws random weights at tiny size too (the seeded tiny talker can end before
             # its first audio); TTS and ASR run their tiny checkpoints as served
-            extra={"random_weights": real or name == "omni"},
+            extra={"random_weights": real or name.startswith("omni")},
         )
         base = torch.cuda.memory_allocated() if cuda else 0
         if cuda:
@@ -350,6 +364,51 @@ def _drive(executors, prompt_tokens: int, new_tokens: int, meta_cls, concurrency
     print(f"c={concurrency:<3} time to first token {ttft[len(ttft) // 2] * 1000:8.1f} ms (median), "
           f"{tokens} tokens")  # fmt: skip
     _report_speech(concurrency, first_audio, samples, total)
+
+
+def _drive_talker(executors, prompt_tokens: int, new_tokens: int, concurrency: int) -> None:
+    """``concurrency`` spoken replies at once through talker => code2wav, the thinker's part
+    synthetic (random prompt states and reply embeddings of the real widths, all there at
+    the start): the talker's and the vocoder's own speed."""
+    from worker.stages.base import RequestMeta
+
+    talker, code2wav = executors["talker"], executors["code2wav"]
+    cfg, width = talker.config, talker.tc.thinker_hidden_size
+    outputs = frozenset({"text", "audio"})
+    rng = np.random.default_rng(0)
+    rids = [f"t{i}" for i in range(concurrency)]
+    for i, rid in enumerate(rids):
+        text = [10 + (i + k) % 90 for k in range(prompt_tokens)]
+        ids = [cfg.im_start_token_id, cfg.user_token_id, *text, cfg.im_end_token_id,
+               cfg.im_start_token_id, cfg.assistant_token_id, 10]  # fmt: skip
+        meta = RequestMeta("chat", outputs, voice="ethan")
+        talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        code2wav.start(rid, RequestMeta("chat", outputs), {})
+        states = rng.standard_normal((2, len(ids), width)).astype(np.float32) * 0.02
+        reply = rng.standard_normal((new_tokens, width)).astype(np.float32) * 0.02
+        talker.feed(rid, "thinker", {
+            "tokens": list(range(11, 11 + new_tokens)), "embeds": reply,
+            "prompt_embed": states[0], "prompt_hidden": states[1], "tts_embeds": reply[:3],
+        })  # fmt: skip
+        talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
+    t0 = time.perf_counter()
+    first_audio: dict[str, float] = {}
+    samples = 0
+    left = concurrency
+    while left:
+        for kind, rid, payload in talker.step() if talker.next_deadline() is not None else []:
+            if kind == "chunk":
+                code2wav.feed(rid, "talker", payload)
+            elif kind == "end":
+                code2wav.end_stream(rid, "talker", payload)
+            elif kind == "invalid":
+                raise RuntimeError(f"the talker refused {rid}: {payload}")
+        for kind, rid, payload in code2wav.step() if code2wav.next_deadline() is not None else []:
+            if kind == "out":
+                first_audio.setdefault(rid, time.perf_counter() - t0)
+                samples += len(payload[1])
+            left -= kind == "done"
+    _report_speech(concurrency, first_audio, samples, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
