@@ -5,9 +5,11 @@ What is here, and nowhere else:
 - ``platform``: the out-of-tree platform that runs SGLang's engine on a CPU (CI runs the code
   path a GPU host runs);
 - ``models``: the project's model classes, registered in SGLang's model registry (a class
-  built on a family's own modules lives with its family: the Qwen3-TTS talker's,
-  ``worker/models/qwen3_tts/talker_sglang.py``);
-- ``engine``: SGLang's scheduler run inside a stage process, behind ``worker.engines.base``.
+  built on a family's own modules lives with its family: the talkers',
+  ``worker/models/qwen3_tts/talker_sglang.py`` and ``worker/models/qwen3_omni/talker_sglang.py``);
+- ``engine``: SGLang's scheduler run inside a stage process, behind ``worker.engines.base``;
+- ``talkers``: what those talker classes do alike (their engine settings, their prompt rows,
+  their picks handed to SGLang's sampler).
 
 One SGLang version is supported (``PINNED``); install it with ``scripts/install.sh`` (CPU) or
 the line in docs/omni-worker.md (GPU). ``load`` is the one way in: it applies the patches

@@ -202,11 +202,14 @@ class TalkerExecutor(StageExecutor):
                 self.pending.remove(r)
                 if r.speaker < 0:
                     outs.append((INVALID, r.rid, f"{self.ctx.name}: {r.finish}"))
-                    continue
-                try:
-                    outs += self._prefill(r)
-                except ValueError as exc:
-                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {exc}"))
+                elif not r.tokens:  # the thinker said nothing: nothing to speak
+                    outs += self._finish(r)
+                else:
+                    try:
+                        outs += self._prefill(r)
+                    except ValueError as exc:
+                        outs.append((INVALID, r.rid, f"{self.ctx.name}: {exc}"))
+            outs += self._prefilled()
             ready = [r for r in self.running.values() if self._ready(r)]
             if ready:
                 outs += self._step(ready)
@@ -318,9 +321,8 @@ class TalkerExecutor(StageExecutor):
         return inputs, torch.arange(total, device=dev).view(1, -1).expand(3, -1)
 
     def _prefill(self, r: _Request) -> list[Output]:
+        """Start ``r``: its prompt through the talker, its first code picked."""
         torch = self.torch
-        if not r.tokens:  # the thinker said nothing: nothing to speak
-            return self._finish(r)
         inputs, positions = self._prompt(r)
         total = inputs.shape[1]
         text_pos = torch.arange(total, device=self.ctx.device).view(1, 1, -1)
@@ -337,6 +339,11 @@ class TalkerExecutor(StageExecutor):
             return self._finish(r)
         self.running[r.rid] = r
         self.batch.join(r.rid, out.cache, total)
+        return []
+
+    def _prefilled(self) -> list[Output]:
+        """What the prefills of this step gave beyond ``_prefill``'s (on this engine, each
+        ran there)."""
         return []
 
     # ---- one frame for every ready request -------------------------------------------------

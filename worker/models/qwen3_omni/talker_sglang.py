@@ -28,15 +28,20 @@ yet: the forward reads per-request state in Python.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from worker.engines.sglang.talkers import (
+    handed_over,
+    held_tensors,
+    prompt_rows,
+    row_ends,
+    talker_engine,
+)
 from worker.models.qwen3_omni.talker import (
     TalkerExecutor,
     _Request,
@@ -46,7 +51,7 @@ from worker.models.qwen3_omni.talker import (
 )
 from worker.models.stage_weights import LoadReport
 from worker.stages.base import CHUNK, INVALID, Output
-from worker.stages.sampling import SamplerState, Sampling
+from worker.stages.sampling import Sampling
 
 ARCHITECTURE = "Qwen3OmniTalkerForSGLang"
 # the checkpoint's tensors that SGLang's Qwen3-MoE decoder takes, and its names for them
@@ -113,7 +118,6 @@ def sglang_model_dir(checkpoint: Path, out: Path) -> Path:
 
 def register() -> None:
     """The talker's model class in SGLang's registry (SGLang imported: ``vendor.load``)."""
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.models.qwen2_moe import Qwen2MoeMLP
     from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM, Qwen3MoeSparseMoeBlock
     from sglang.srt.models.registry import ModelRegistry
@@ -189,87 +193,68 @@ def register() -> None:
             get_embedding: bool = False,
             pp_proxy_tensors: Any = None,
         ) -> Any:
-            reqs = [self.states.get(rid) or self._gone(rid) for rid in forward_batch.rids]
-            dev = self.lm_head.weight.device
-            if forward_batch.forward_mode.is_extend():
-                chunks = list(
-                    zip(
-                        reqs,
-                        forward_batch.extend_prefix_lens_cpu,
-                        forward_batch.extend_seq_lens_cpu,
-                        strict=True,
-                    )
-                )
-                x = torch.cat([r.prompt_embeds[0, s : s + n] for r, s, n in chunks])
-                at = torch.cat([r.positions[:, s : s + n] for r, s, n in chunks], dim=1)
-                h = self.model(input_ids, at, forward_batch, x)
-                ends = torch.tensor([n for _, _, n in chunks], device=h.device).cumsum(0) - 1
-                h = h[ends]
-                # (a long prompt's earlier chunks pick nothing)
-                ready = [s + n == r.prompt_embeds.shape[1] for r, s, n in chunks]
-            else:
-                x = frame_inputs(self.hf, self.model.embed_tokens, reqs)
-                at = torch.tensor([r.pos + r.delta for r in reqs], device=dev).expand(3, -1)
-                h = self.model(input_ids, at, forward_batch, x)
-                ready = [True] * len(reqs)
-            rows = [i for i, ok in enumerate(ready) if ok]
-            for i in rows:
-                reqs[i].past_hidden = h[i][None, None]
-            logits = h[rows] @ self.lm_head.weight.T
-            forced = torch.full((len(reqs), logits.shape[-1]), float("-inf"), device=dev)
-            forced[:, 0] = 0.0  # (rows that pick nothing)
-            picks = pick_first_codes(logits, self.suppress, [reqs[i] for i in rows])
-            for i, code in zip(rows, picks, strict=True):
-                forced[i, 0] = float("-inf")
-                forced[i, code] = 0.0
-            return LogitsProcessorOutput(next_token_logits=forced)
-
-        def _gone(self, rid: str) -> _Request:
-            """A row of a request aborted since the scheduler built the batch (its result is
-            dropped): a greedy stand-in, one position long."""
+            # (None: a request aborted since the scheduler built the batch; its row is unread)
+            reqs = [self.states.get(rid) for rid in forward_batch.rids]
             w = self.lm_head.weight
-            greedy = SamplerState.of(Sampling(temperature=0.0), [])
-            r = _Request(rid, None, {}, 0, 1, greedy, greedy)  # type: ignore[arg-type]
-            r.prompt_embeds = w.new_zeros(1, 1, self.config.hidden_size)
-            r.positions = torch.zeros(3, 1, dtype=torch.long, device=w.device)
-            r.codes, r.past_hidden = [0], w.new_zeros(1, 1, self.config.hidden_size)
-            r.trailing = w.new_zeros(self.config.hidden_size)
-            return r
+            width = self.config.hidden_size
+            if forward_batch.forward_mode.is_extend():
+                rows = prompt_rows(forward_batch)
+                chunks = list(zip(reqs, rows, strict=True))
+                x = torch.cat([
+                    r.prompt_embeds[0, s : s + n] if r else w.new_zeros(n, width)
+                    for r, (s, n) in chunks
+                ])  # fmt: skip
+                at = torch.cat([
+                    r.positions[:, s : s + n] if r else torch.zeros(3, n, dtype=torch.long)
+                    for r, (s, n) in chunks
+                ], dim=1).to(w.device)  # fmt: skip
+                h = row_ends(self.model(input_ids, at, forward_batch, x), rows)
+                # (a long prompt's earlier chunks pick nothing)
+                ready = [r is not None and s + n == r.positions.shape[1] for r, (s, n) in chunks]
+            else:
+                live = [i for i, r in enumerate(reqs) if r is not None]
+                x = w.new_zeros(len(reqs), width)
+                if live:
+                    x[live] = frame_inputs(self.hf, self.model.embed_tokens, _rows(reqs, live))
+                at = torch.tensor([r.pos + r.delta if r else 0 for r in reqs], device=w.device)
+                h = self.model(input_ids, at.expand(3, -1), forward_batch, x)
+                ready = [r is not None for r in reqs]
+            picking = [i for i, ok in enumerate(ready) if ok]
+            pickers = _rows(reqs, picking)
+            for i, r in zip(picking, pickers, strict=True):
+                r.past_hidden = h[i][None, None]
+            codes = pick_first_codes(h[picking] @ w.T, self.suppress, pickers) if pickers else []
+            picks = dict(zip(picking, codes, strict=True))
+            return handed_over(picks, len(reqs), w.shape[0], w.device)
 
     ModelRegistry.models[ARCHITECTURE] = Qwen3OmniTalkerForSGLang
 
 
+def _rows(reqs: list[_Request | None], at: list[int]) -> list[_Request]:
+    """The requests at rows ``at`` (rows of requests still running)."""
+    return [r for i in at if (r := reqs[i]) is not None]
+
+
 class SGLangTalkerExecutor(TalkerExecutor):
-    """The talker's executor with SGLang's scheduler under it: each step prefills the requests
-    admitted, then runs one decode step of the ready ones, the others held."""
+    """The talker's executor with SGLang's scheduler under it: a step submits the requests it
+    admits and runs SGLang until they are prefilled (every other request held), then one
+    decode step of the ready requests (the others held)."""
 
     def _load_talker(self) -> tuple[Any, Any]:
         from worker.engines import sglang as vendor
-        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
         vendor.load()
         register()
-        # (links and a config: gone with the engine)
-        self.model_dir = tempfile.TemporaryDirectory(prefix="omni-talker-sglang-")
-        settings = dataclasses.replace(
-            EngineSettings.of_stage(self.ctx),
-            model_path=sglang_model_dir(self.ctx.checkpoint, Path(self.model_dir.name)),
-            prefix_cache=False,
-            cuda_graphs=False,
-            grammar=False,
-            mixed_prefill=False,
-        )
-        self.engine = SGLangEngine(settings)
+        self.engine, self.model_dir = talker_engine(self.ctx, sglang_model_dir)
         self.model: Any = self.engine.model
-        # what it holds, each shared tensor once (for bench/gpu_check.py)
-        held = {t.data_ptr(): t for t in self.model.state_dict().values()}
-        self.ctx.extra["loaded"] = LoadReport(len(held), sum(t.numel() for t in held.values()), ())
+        self.ctx.extra["loaded"] = LoadReport(*held_tensors(self.model), ())  # (gpu_check)
         return self.model.omni_config, self.model.hf
 
     def load(self) -> None:
         super().load()
         self.model.states = self.running  # what the model reads is what runs
         self.pad = int(self.tc.codec_pad_id)
+        self.starting: list[_Request] = []  # submitted this step, not prefilled yet
 
     def abort(self, rid: str) -> None:
         self.pending = [r for r in self.pending if r.rid != rid]
@@ -280,54 +265,43 @@ class SGLangTalkerExecutor(TalkerExecutor):
         """Its prompt and every frame it may add beside what the running requests may still
         take: SGLang never has to retract a talker's row (which it would prefill again from
         placeholder ids)."""
-        taken = sum(x.prompt_embeds.shape[1] + x.max_new for x in self.running.values())
+        taken = sum(x.positions.shape[1] + x.max_new for x in self.running.values())
         return taken + positions + r.max_new <= self.engine.pool_tokens
 
-    def step(self) -> list[Output]:
+    def _prefill(self, r: _Request) -> list[Output]:
+        """Submit ``r``: its prompt (the placeholder ids SGLang holds for it, the embeddings
+        and rope positions the model reads), its frames to come at most."""
         from worker.engines.base import EngineRequest
 
+        r.prompt_embeds, positions = self._prompt(r)
+        r.positions = positions.long()  # (transformers' rope index may be floats)
+        r.pos = r.prompt_embeds.shape[1]
+        self.running[r.rid] = r
+        self.engine.submit(
+            EngineRequest(
+                r.rid,
+                [self.pad] * r.pos,
+                max_new_tokens=r.max_new,
+                sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
+                stop_token_ids=frozenset({self.eos}),
+            )
+        )
+        self.starting.append(r)
+        return []
+
+    def _prefilled(self) -> list[Output]:
         outs: list[Output] = []
-        with torch.inference_mode():
-            new: list[_Request] = []
-            for r in list(self.pending):
-                if not self._can_prefill(r):  # (asked again after each: room is taken)
-                    continue
-                self.pending.remove(r)
-                if r.speaker < 0:
-                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {r.finish}"))
-                    continue
-                if not r.tokens:  # the thinker said nothing: nothing to speak
-                    outs += self._finish(r)
-                    continue
-                try:
-                    r.prompt_embeds, positions = self._prompt(r)
-                except ValueError as exc:
-                    outs.append((INVALID, r.rid, f"{self.ctx.name}: {exc}"))
-                    continue
-                r.positions = positions.long()  # (transformers' rope index may be floats)
-                r.pos = r.prompt_embeds.shape[1]
-                self.running[r.rid] = r
-                self.engine.submit(
-                    EngineRequest(
-                        r.rid,
-                        [self.pad] * r.pos,
-                        max_new_tokens=r.max_new,
-                        sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
-                        stop_token_ids=frozenset({self.eos}),
-                    )
-                )
-                new.append(r)
-            # the new prompts first, every other request held: those steps only prefill
-            while waiting := [r for r in new if not r.codes and r.rid in self.running]:
-                if not self.engine.has_work():
-                    raise RuntimeError("the talker's prompts were not prefilled")
-                outs += self._run({r.rid for r in waiting}, [])
-            ready = [r for r in self.running.values() if self._ready(r)]
-            if ready:
-                for r in ready:
-                    r.trailing = self._trailing(r, len(r.codes) - 1)
-                outs += self._run({r.rid for r in ready}, ready)
+        while self.starting:
+            if not self.engine.has_work():
+                raise RuntimeError("the talker's prompts were not prefilled")
+            outs += self._run({r.rid for r in self.starting}, [])
+            self.starting = [r for r in self.starting if not r.codes and r.rid in self.running]
         return outs
+
+    def _step(self, rows: list[_Request]) -> list[Output]:
+        for r in rows:
+            r.trailing = self._trailing(r, len(r.codes) - 1)
+        return self._run({r.rid for r in rows}, rows)
 
     def _run(self, stepping: set[str], fed: list[_Request]) -> list[Output]:
         """One engine step of the ``stepping`` requests (the others held): the frames ``fed``

@@ -27,15 +27,20 @@ yet: the forward reads per-request state in Python.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from worker.engines.sglang.talkers import (
+    handed_over,
+    held_tensors,
+    prompt_rows,
+    row_ends,
+    talker_engine,
+)
 from worker.models.qwen3_tts.engine import (
     GREEDY,
     FirstCodes,
@@ -94,7 +99,6 @@ def sglang_model_dir(checkpoint: Path, out: Path) -> Path:
 
 def register() -> None:
     """The talker's model class in SGLang's registry (SGLang imported: ``vendor.load``)."""
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
     from sglang.srt.models.registry import ModelRegistry
 
@@ -136,37 +140,26 @@ def register() -> None:
         ) -> Any:
             reqs = [self.states.get(rid) or self._gone(rid) for rid in forward_batch.rids]
             if forward_batch.forward_mode.is_extend():
-                chunks = list(
-                    zip(
-                        reqs,
-                        forward_batch.extend_prefix_lens_cpu,
-                        forward_batch.extend_seq_lens_cpu,
-                        strict=True,
-                    )
-                )
-                x = torch.cat([r.prompt.embeds[0, s : s + n] for r, s, n in chunks])
-                h = self.model(input_ids, positions, forward_batch, x)
-                ends = torch.tensor([n for _, _, n in chunks], device=h.device).cumsum(0) - 1
-                h = h[ends]
+                rows = prompt_rows(forward_batch)
+                chunks = list(zip(reqs, rows, strict=True))
+                x = torch.cat([r.prompt.embeds[0, s : s + n] for r, (s, n) in chunks])
+                h = row_ends(self.model(input_ids, positions, forward_batch, x), rows)
                 # (a long prompt's earlier chunks pick nothing)
-                ready = [s + n == r.prompt.embeds.shape[1] for r, s, n in chunks]
+                ready = [s + n == r.prompt.embeds.shape[1] for r, (s, n) in chunks]
             else:
                 frames, x = next_inputs(self.tts.talker, reqs, input_ids)
                 for r, frame in zip(reqs, frames, strict=True):
                     r.frame = frame
                 h = self.model(input_ids, positions, forward_batch, x[:, 0])
                 ready = [True] * len(reqs)
-            rows = [i for i, ok in enumerate(ready) if ok]
-            for i in rows:
+            picking = [i for i, ok in enumerate(ready) if ok]
+            for i in picking:
                 reqs[i].hidden = h[i][None, None]
-            logits = h[rows] @ self.lm_head.weight.T
-            forced = torch.full((len(reqs), logits.shape[-1]), float("-inf"), device=h.device)
-            forced[:, 0] = 0.0  # (rows that pick nothing)
-            picks = self.codes.pick(logits, [reqs[i] for i in rows]) if rows else []
-            for i, code in zip(rows, picks, strict=True):
-                forced[i, 0] = float("-inf")
-                forced[i, code] = 0.0
-            return LogitsProcessorOutput(next_token_logits=forced)
+            w = self.lm_head.weight
+            picks = self.codes.pick(h[picking] @ w.T, [reqs[i] for i in picking]) if picking else []
+            return handed_over(
+                dict(zip(picking, picks, strict=True)), len(reqs), w.shape[0], w.device
+            )
 
         def _gone(self, rid: str) -> TalkerRequest:
             """A row of a request aborted since the scheduler built the batch (its result is
@@ -187,25 +180,12 @@ class SGLangTalkerEngine:
 
     def __init__(self, ctx: StageContext) -> None:
         from worker.engines import sglang as vendor
-        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
         vendor.load()
         register()
-        # (links and a config: gone with the engine)
-        self.model_dir = tempfile.TemporaryDirectory(prefix="omni-talker-sglang-")
-        settings = dataclasses.replace(
-            EngineSettings.of_stage(ctx),
-            model_path=sglang_model_dir(ctx.checkpoint, Path(self.model_dir.name)),
-            prefix_cache=False,
-            cuda_graphs=False,
-            grammar=False,
-            mixed_prefill=False,
-        )
-        self.engine = SGLangEngine(settings)
+        self.engine, self.model_dir = talker_engine(ctx, sglang_model_dir)
         self.model: Any = self.engine.model
-        # what it holds, each shared tensor once (for bench/gpu_check.py)
-        held = {t.data_ptr(): t for t in self.model.state_dict().values()}
-        ctx.extra["loaded"] = LoadReport(len(held), sum(t.numel() for t in held.values()), ())
+        ctx.extra["loaded"] = LoadReport(*held_tensors(self.model), ())  # (gpu_check)
         self.eos = self.model.codes.eos
         self.pad = int(self.model.config.tts["talker_config"]["codec_pad_id"])
         self.device = self.model.lm_head.weight.device
