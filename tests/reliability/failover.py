@@ -141,14 +141,12 @@ def watch_through(
         for w in streams:
             w.data, w.progress, w.finished, w.error = bytearray(), 0, False, ""
         threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in streams]
-        # the chats first, the speech once they stream: it is the shortest (at most 64 frames)
-        # and must still be running when the last chat is part way
-        for t in threads[:-1]:
+        # all at once: under load the speech's first audio (the thinker, the talker's queue,
+        # its first frames, the vocoder) may come after a whole greedy chat started before it,
+        # and a chat started after it may not be part way before the speech's end
+        for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while not all(w.progress for w in streams[:-1]) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        threads[-1].start()
         while time.monotonic() < deadline and not all(
             w.progress >= PART_WAY[w.name] or w.finished for w in streams
         ):
