@@ -237,13 +237,22 @@ def _drive_tts(executors: dict, new_tokens: int, concurrency: int) -> None:
                 vocoder.feed(rid, "tts_engine", data)
             elif kind == "end":
                 vocoder.end_stream(rid, "tts_engine", data)
-        for kind, rid, data in vocoder.step() if vocoder.next_deadline() is not None else []:
-            if kind == "out":
-                first.setdefault(rid, time.perf_counter() - t0)
-                samples += len(data[1])
-            left -= kind == "done"
+        heard, ended = _vocode(vocoder, t0, first)
+        samples, left = samples + heard, left - ended
     _report_speech(concurrency, first, samples, time.perf_counter() - t0)
     print(f"talker frames        {frames:8d} ({frames / (time.perf_counter() - t0):.1f} frames/s)")
+
+
+def _vocode(vocoder, t0: float, first: dict[str, float]) -> tuple[int, int]:
+    """One step of a vocoder stage, if it has work: (samples it put out, requests it ended);
+    each request's first audio is timed into ``first``."""
+    samples = ended = 0
+    for kind, rid, data in vocoder.step() if vocoder.next_deadline() is not None else []:
+        if kind == "out":
+            first.setdefault(rid, time.perf_counter() - t0)
+            samples += len(data[1])
+        ended += kind == "done"
+    return samples, ended
 
 
 def _report_speech(concurrency: int, first: dict[str, float], samples: int, total: float) -> None:
@@ -354,11 +363,8 @@ def _drive(executors, prompt_tokens: int, new_tokens: int, meta_cls, concurrency
                 code2wav.feed(rid, "talker", payload)
             elif kind == "end":
                 code2wav.end_stream(rid, "talker", payload)
-        for kind, rid, payload in code2wav.step() if code2wav.next_deadline() is not None else []:
-            if kind == "out":
-                first_audio.setdefault(rid, time.perf_counter() - t0)
-                samples += len(payload[1])
-            left -= kind == "done"
+        heard, ended = _vocode(code2wav, t0, first_audio)
+        samples, left = samples + heard, left - ended
     total = time.perf_counter() - t0
     ttft = sorted(first_token.values())
     print(f"c={concurrency:<3} time to first token {ttft[len(ttft) // 2] * 1000:8.1f} ms (median), "
@@ -403,11 +409,8 @@ def _drive_talker(executors, prompt_tokens: int, new_tokens: int, concurrency: i
                 code2wav.end_stream(rid, "talker", payload)
             elif kind == "invalid":
                 raise RuntimeError(f"the talker refused {rid}: {payload}")
-        for kind, rid, payload in code2wav.step() if code2wav.next_deadline() is not None else []:
-            if kind == "out":
-                first_audio.setdefault(rid, time.perf_counter() - t0)
-                samples += len(payload[1])
-            left -= kind == "done"
+        heard, ended = _vocode(code2wav, t0, first_audio)
+        samples, left = samples + heard, left - ended
     _report_speech(concurrency, first_audio, samples, time.perf_counter() - t0)
 
 

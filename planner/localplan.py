@@ -14,8 +14,10 @@ def cpu_node_plan(
     spec: ModelSpec, node: str = "local", groups: dict[str, list[str]] | None = None
 ) -> NodePlan:
     """``groups`` (process name -> stages) overrides the spec's process groups."""
-    groups = groups or spec.process_groups()
-    spec.check_processes(groups)
+    if groups:
+        spec.check_processes(groups)  # (the spec's own grouping was checked with the spec)
+    else:
+        groups = spec.process_groups()
     processes = [
         ProcessPlan(
             name=f"0/{group}",
