@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -176,6 +177,9 @@ def test_registered_ready_with_plan_and_load(workers, fleet_redis, events) -> No
         assert mem["device"] == "cpu" and mem["limit_fraction"] is None, name
         assert mem["planned_bytes"] > 0 and mem["peak_bytes"] > 10 * 2**20, (name, mem)
     assert "chelsie" in record["voices"]  # the built-in voices, for the routers' /v1/models
+    # what chat's response_format and tools check with was imported during start-up: on the
+    # first request it held the API's event loop for seconds, and the record expired
+    assert "libxgrammar_bindings" in Path(f"/proc/{a.pid}/maps").read_text()
     # joined (as starting) before ready, for both workers
     kinds = [e["kind"] for e in events if e["worker_id"] == "A"]
     assert kinds[:2] == ["joined", "ready"], kinds

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -176,3 +178,14 @@ def test_stop_tokens_follow_the_checkpoints_generation_config(tmp_path) -> None:
     assert mask.tolist() == [i == 1 for i in range(10)]  # 99 is past the vocabulary
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 4}))
     assert stop_tokens(tmp_path, config_eos=7).eos == {4}
+
+
+def test_asking_whether_xgrammar_is_there_does_not_import_it() -> None:
+    """A chat request asks; the import takes seconds (worker.stages.grammar.preload does it at
+    start-up)."""
+    probe = (
+        "import sys; from worker.stages import grammar; "
+        "assert grammar.available(); assert 'xgrammar' not in sys.modules; "
+        "grammar.preload(); assert 'xgrammar' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)

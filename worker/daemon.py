@@ -11,7 +11,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from worker.metrics import WorkerMetrics
 from worker.registration import Registrar
 from worker.service import WorkerService, capabilities_of
 from worker.settings import WorkerSettings
+from worker.stages import grammar as grammars
 
 log = logging.getLogger("omni-worker")
 
@@ -285,6 +286,20 @@ class Daemon:
             load_interval=settings.load_interval,
         )
 
+    async def _start(self, service: WorkerService, progress: Callable[[str], None]) -> None:
+        """The pipeline, and beside it what the API would otherwise import on its first
+        request (xgrammar, for chat's response_format and tools)."""
+        preload = None
+        if any(
+            e in (Endpoint.CHAT, Endpoint.COMPLETIONS) for e in service.spec.capabilities.endpoints
+        ):
+            preload = asyncio.create_task(asyncio.to_thread(grammars.preload))
+        try:
+            await self.engine.start(progress)
+        finally:
+            if preload is not None:
+                await preload
+
     async def _start_and_run(self, service: WorkerService, registrar: Registrar | None) -> int:
         started = time.monotonic()
 
@@ -296,7 +311,7 @@ class Daemon:
             else:
                 log.info("[pipeline] %s", message)
 
-        start = asyncio.create_task(self.engine.start(progress), name="engine-start")
+        start = asyncio.create_task(self._start(service, progress), name="engine-start")
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():

@@ -44,9 +44,12 @@ WORKER_ARGS = (
 )  # fmt: skip
 # --affinity-bound 1000 switches bounded-load migration off: every session move the suite
 # sees is then one that the scenario's fault caused (migration has its own router tests).
-# A hung worker's streams show within the 6 s idle timeout and its waiting requests are taken
-# over once its record expires; the header timeout is longer, because a whole WAV from a
-# healthy worker that takes a hung one's share can take more than 6 s on two busy cores.
+# A hung worker's streams and waiting requests are taken over once its record expires (2 s);
+# the idle and header timeouts are only the backstop for a worker that beats but does not
+# answer, so they are set above what healthy workers take on two busy cores: under the
+# sentinel test's 32 streaming clients, a streamed speech's first audio came after up to 9.7 s
+# and its longest pause was 7.0 s (measured; with a 6 s idle timeout such healthy streams were
+# cut), and a whole WAV from a worker that takes a hung one's share can take longer than that.
 ROUTER_ARGS = (
     "--fleet", FLEET,
     "--probe-interval-s", "0.5",
@@ -55,7 +58,7 @@ ROUTER_ARGS = (
     "--breaker-failures", "3",
     "--breaker-open-s", "2",
     "--headers-timeout-s", "20",
-    "--idle-timeout-s", "6",
+    "--idle-timeout-s", "20",
     "--resync-interval-s", "0.5",
     "--affinity-bound", "1000",
     "--client-timeout-s", "3",

@@ -8,11 +8,15 @@ request with a ``response_format`` other than text is refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +29,33 @@ class Grammar:
 
 
 def available() -> bool:
+    """Whether xgrammar is installed: found, not imported (its import takes seconds, torch's
+    with it, and a request that asks must not wait for them on the event loop)."""
+    return _found() and not _unimportable
+
+
+@lru_cache(maxsize=1)
+def _found() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
+
+
+_unimportable = False  # found, but its import failed (preload said why)
+
+
+def preload() -> None:
+    """Import xgrammar, where it is installed, before the first request that checks a schema
+    needs it: the worker calls this in a thread during start-up. Imported on a request, it
+    held the API's event loop for 2-2.6 s on two busy cores, heartbeats included, so that the
+    worker's record expired and the routers dropped the worker (tests/reliability)."""
+    global _unimportable
+    if not available():
+        return
     try:
         import xgrammar  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as exc:
+        _unimportable = True
+        log.warning("xgrammar is installed but does not import (%s): response_format and "
+                    "tools are refused", exc)  # fmt: skip
 
 
 def check_schema(schema: dict) -> None:
