@@ -12,7 +12,7 @@ What is here, and nowhere else:
   their picks handed to SGLang's sampler).
 
 One SGLang version is supported (``PINNED``); install it with ``scripts/install.sh`` (CPU) or
-the line in docs/omni-worker.md (GPU). ``load`` is the one way in: it applies the patches
+the lines in docs/omni-worker.md (GPU). ``load`` is the one way in: it applies the patches
 around the first import.
 """
 
