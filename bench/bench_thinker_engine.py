@@ -7,7 +7,7 @@ on the same checkpoint and token ids), plus what only the SGLang engine does:
 - prefix: time to first token of a prompt whose 1,400-token start was computed before (warm)
   against one whose start is new (cold);
 - chunked prefill: the longest gap between the text deltas of four running streams while one
-  1,800-token prompt is prefilled, against their median gap;
+  1,800-token prompt is prefilled, against their median gap (on both of the worker's engines);
 - spoken: a voice conversation's second turn (its first turn a long system prompt and a 10 s
   clip, answered with speech, then a short text turn), time to first audio when the first
   turn's prompt is cached (the clip's hidden states kept for the talker, the clip encoded
@@ -47,10 +47,14 @@ SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 NEW_TOKENS = 64
 
 
-def spec_with(backend: str, tmp: Path, encoder_cache: bool = True) -> str:
+def spec_with(
+    backend: str, tmp: Path, encoder_cache: bool = True, prefill_chunk: int | None = None
+) -> str:
     raw = yaml.safe_load(SPEC.read_text())
     raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
     raw["stages"]["thinker"]["engine"]["backend"] = backend
+    if prefill_chunk is not None:
+        raw["stages"]["thinker"]["engine"]["prefill_chunk_tokens"] = prefill_chunk
     if not encoder_cache:
         for encoder in ("audio_encoder", "image_encoder"):
             raw["stages"][encoder].setdefault("engine", {})["encoder_cache_bytes"] = 0
@@ -64,10 +68,14 @@ def prompt(i: int) -> str:
 
 
 async def chat(
-    client: httpx.AsyncClient, messages: list[dict], max_tokens: int, **extra: object
+    client: httpx.AsyncClient,
+    messages: list[dict],
+    max_tokens: int,
+    streaming: asyncio.Event | None = None,
+    **extra: object,
 ) -> dict:
     """One streamed chat (``extra``: more body fields): when its text (or, spoken, its audio)
-    came, its transcript, its usage."""
+    came, its transcript, its usage. ``streaming`` is set once its tenth text delta came."""
     body = {
         "model": "tiny-omni",
         "stream": True,
@@ -93,6 +101,8 @@ async def chat(
                 transcript += audio.get("transcript") or ""
                 if c["delta"].get("content"):
                     stamps.append(time.perf_counter())
+                    if streaming is not None and len(stamps) == 10:
+                        streaming.set()
     return {
         "ttft": stamps[0] - started if stamps else None,
         "ttfa": first_audio,
@@ -273,20 +283,29 @@ async def spoken(url: str) -> dict:
 
 
 async def chunked(url: str) -> dict:
-    """Four streams decode while one 1,800-token prompt is prefilled."""
+    """Four streams decode while one 1,800-token prompt is prefilled: the longest gap between
+    their text deltas that overlaps the prefill (from the prompt's sending to its first token)
+    against their median gap. The prompt is sent once every stream has its tenth delta, so
+    that all four decode throughout (each runs 120 tokens, about half a second here)."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await chat(client, [{"role": "user", "content": "warm up"}], 2)
+        streaming = [asyncio.Event() for _ in range(4)]
         running = [
-            asyncio.create_task(chat(client, [{"role": "user", "content": prompt(i)}], 120))
-            for i in range(4)
+            asyncio.create_task(chat(client, [{"role": "user", "content": prompt(i)}], 120, s))
+            for i, s in enumerate(streaming)
         ]
-        await asyncio.sleep(1.0)
+        await asyncio.gather(*(s.wait() for s in streaming))
+        sent = time.perf_counter()
         long = await chat(client, [{"role": "user", "content": filler(300, seed=99)}], 2)
+        first_token = sent + long["ttft"]
         rows = await asyncio.gather(*running)
-        gaps = [b - a for r in rows for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
-        med, worst = statistics.median(gaps), max(gaps)
+        pairs = [(a, b) for r in rows for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
+        during = [b - a for a, b in pairs if b > sent and a < first_token]
+        still = sum(r["stamps"][-1] > first_token for r in rows)
+        med, worst = statistics.median(b - a for a, b in pairs), max(during)
         return {"median_gap_ms": round(med * 1000, 2), "max_gap_ms": round(worst * 1000, 2),
-                "max_over_median": round(worst / med, 2),
+                "max_over_median": round(worst / med, 2), "gaps_during_prefill": len(during),
+                "streams_still_running_after": still, "long_prompt_tokens": long["prompt"],
                 "long_prompt_ttft_ms": round(long["ttft"] * 1000, 1)}  # fmt: skip
 
 
@@ -299,13 +318,18 @@ def main() -> None:
         action="store_true",
         help="encode every clip again (the encoders' engine.encoder_cache_bytes 0)",
     )
+    parser.add_argument(
+        "--prefill-chunk-tokens",
+        type=int,
+        help="the thinker's engine.prefill_chunk_tokens (default: the spec's)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-thinker-"))
     parts = [args.only] if args.only else ["speed", "prefix", "chunked", "spoken"]
     for backend in ("sglang", "transformers"):
-        if backend == "transformers" and "speed" not in parts:
+        if backend == "transformers" and not {"speed", "chunked"} & set(parts):
             break
-        spec = spec_with(backend, tmp, encoder_cache=not args.no_encoder_cache)
+        spec = spec_with(backend, tmp, not args.no_encoder_cache, args.prefill_chunk_tokens)
         ns = argparse.Namespace(spec=spec, cache_dir=args.cache_dir)
         proc, url = start_worker(ns)
         try:
@@ -314,8 +338,9 @@ def main() -> None:
                 print(json.dumps({"part": "speed", "engine": f"worker/{backend}", **result}))
             if backend == "sglang" and "prefix" in parts:
                 print(json.dumps({"part": "prefix", **asyncio.run(prefix(url))}))
-            if backend == "sglang" and "chunked" in parts:
-                print(json.dumps({"part": "chunked", **asyncio.run(chunked(url))}))
+            if "chunked" in parts:
+                result = asyncio.run(chunked(url))
+                print(json.dumps({"part": "chunked", "engine": f"worker/{backend}", **result}))
             if backend == "sglang" and "spoken" in parts:
                 print(json.dumps({"part": "spoken", **asyncio.run(spoken(url))}))
         finally:
