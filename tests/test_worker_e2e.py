@@ -332,15 +332,26 @@ def test_abort_on_disconnect(workers) -> None:
                 async for _ in response.aiter_bytes():
                     break  # first audio chunk, then hang up
 
-    asyncio.run(cut_after_first_chunk())
-
     def settled() -> bool:
         load = load_of(a)
         return load["in_flight"] == 0 and not any(load["queue_depth"].values())
 
-    wait_for(settled, 15, "in-flight and every stage queue back to 0")
-    metrics = httpx.get(a.url + "/metrics", timeout=10).text
-    assert "omni_worker_aborted_total 1.0" in metrics
+    def aborted() -> float:
+        metrics = httpx.get(a.url + "/metrics", timeout=10).text
+        line = next(x for x in metrics.splitlines() if x.startswith("omni_worker_aborted_total "))
+        return float(line.split()[1])
+
+    # The whole reply is 64 talker frames, a fraction of a second: on two busy cores the worker
+    # may have sent all of it before it reads the hang-up, and then there is nothing to abort
+    # (seen once in a full run). Each round is a fresh request; one of three must be aborted.
+    before, counts = aborted(), []
+    for _ in range(3):
+        asyncio.run(cut_after_first_chunk())
+        wait_for(settled, 15, "in-flight and every stage queue back to 0")
+        counts.append(aborted())
+        if counts[-1] > before:
+            break
+    assert counts[-1] == before + 1, (before, counts)
 
 
 def test_bad_inputs_on_the_real_worker(workers, sdk_a: openai.OpenAI) -> None:
