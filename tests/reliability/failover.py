@@ -112,6 +112,17 @@ def resumed(fleet: Fleet) -> int:
     return int(total)
 
 
+def check_resumed(fleet: Fleet, before: int, watched: list[Watched]) -> int:
+    """The fault found the watched streams running: the routers resumed some of them elsewhere
+    (``Watched.check`` finds each equal to its undisturbed run). Not necessarily all: a client
+    reads behind its worker, and a stream whose worker had sent the whole reply before the
+    fault (the router holding the rest) has nothing left to resume (seen once in a full run:
+    2 of 3 resumed, the speech whole). How many streams resumed since ``before``."""
+    n = resumed(fleet) - before
+    assert n >= 1, (n, [w.name for w in watched])
+    return n
+
+
 def references(fleet: Fleet, session: str) -> list[Watched]:
     """The three streams of ``session``, each served once undisturbed for its reference."""
     streams = [Watched(n, p, b) for n, p, b in STREAMS]
