@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Installs omni-fleet and everything its tests use on a fresh Debian/Ubuntu machine (root or sudo).
-# Idempotent: what is already there is kept.
+# Installs omni-fleet on a fresh Debian/Ubuntu machine with Python 3.11 (root or sudo): the
+# system packages its tests use, then exactly the locked set (uv.lock) into the project's own
+# environment, .venv/ (or $UV_PROJECT_ENVIRONMENT), never into the system Python.
+# Idempotent: what is already there is kept; a second run takes seconds (uv's cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export PIP_DISABLE_PIP_VERSION_CHECK=1
+UV_VERSION=0.13.9   # the uv that wrote uv.lock (also in the dev extra)
+TORCH_WHEEL=torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl   # pyproject [tool.uv.sources]
+
 apt_install() {
   local missing=()
   for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
@@ -18,13 +22,32 @@ command -v chromium >/dev/null 2>&1 || apt_install chromium
 # tests/test_readme_examples.py runs the README's curl lines
 command -v curl >/dev/null 2>&1 || apt_install curl
 
-python3 -m pip install -q torch==2.13.0   # CPU wheel; an unpinned torch would pull a CUDA build
-python3 -m pip install -q -e ".[dev]"
-# response_format (constrained decoding, worker/stages/grammar.py): xgrammar, SGLang's grammar
-# backend, without the triton it pulls for GPU kernels (its CPU path needs none)
-python3 -m pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
-# engine.backend: sglang (worker/engines/sglang): SGLang without the CUDA torch it pins, and
-# the torchvision its imports need, kept out of site-packages (patches.py says why)
-python3 -m pip install -q --no-deps -r scripts/sglang-cpu.txt
-extras=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/omni_sglang_extras
-[[ -d $extras/torchvision ]] || python3 -m pip install -q --no-deps --target "$extras" "torchvision==0.28.0"
+# uv, in a folder of its own: Debian's Python refuses pip installs into itself (PEP 668)
+uv=$(command -v uv || true)
+if [[ -z $uv || $("$uv" --version | cut -d' ' -f2) != "$UV_VERSION" ]]; then
+  tools=${XDG_CACHE_HOME:-$HOME/.cache}/omni-fleet/uv-$UV_VERSION
+  if [[ ! -x $tools/bin/uv ]]; then
+    python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+    python3 -m venv "$tools"
+    "$tools/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
+  fi
+  uv=$tools/bin/uv
+fi
+
+# The CPU build of torch: the machine's wheel folder has it on these hosts; elsewhere it comes
+# from PyTorch's CPU index. uv checks it against the lock's sha256 either way.
+if [[ ! -e wheels/$TORCH_WHEEL ]]; then
+  mkdir -p wheels
+  if [[ -e /opt/wheels/$TORCH_WHEEL ]]; then
+    ln -s "/opt/wheels/$TORCH_WHEEL" "wheels/$TORCH_WHEEL"
+  else
+    curl -fL --retry 3 -o "wheels/$TORCH_WHEEL.part" \
+      "https://download.pytorch.org/whl/cpu/${TORCH_WHEEL/+/%2B}"
+    mv "wheels/$TORCH_WHEEL.part" "wheels/$TORCH_WHEEL"
+  fi
+fi
+
+# Exactly what uv.lock pins (--frozen: the lock is not re-resolved), the project editable
+"$uv" sync --frozen --python 3.11 --extra dev
+env_dir=${UV_PROJECT_ENVIRONMENT:-.venv}
+echo "omni-fleet is installed in $env_dir: run $env_dir/bin/omni-router, or source $env_dir/bin/activate"

@@ -56,9 +56,9 @@ class LocalFleetProcess:
     def __init__(self, workers: int, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        exe = shutil.which("omni-router")
-        cmd = [exe] if exe else [sys.executable, "-m", "router.cli"]
-        self.argv = [*cmd, "--local-workers", str(workers), "--port", str(self.port), *args]
+        # the console script of this environment, as the README runs it
+        exe = Path(sys.executable).with_name("omni-router")
+        self.argv = [str(exe), "--local-workers", str(workers), "--port", str(self.port), *args]
         self.stdout: list[str] = []
         self.stderr_path = Path(tempfile.mkstemp(prefix="omni-local-fleet-", suffix=".log")[1])
         self._stderr = self.stderr_path.open("wb")

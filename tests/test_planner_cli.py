@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -27,8 +26,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def omni_plan(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("omni-plan")
-    cmd = [exe] if exe else [sys.executable, "-m", "planner.cli"]
+    cmd = [str(Path(sys.executable).with_name("omni-plan"))]  # this environment's script
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV")}
     env = keep | {"COLUMNS": "200", "OMNI_PLAN_CACHE": str(cache), "HOME": str(cache)}
     return subprocess.run(

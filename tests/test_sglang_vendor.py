@@ -4,8 +4,6 @@ supplies on CPUs equals MurmurHash3, and its platform steps aside on GPU hosts."
 from __future__ import annotations
 
 import struct
-from importlib.metadata import requires
-from pathlib import Path
 
 import mmh3
 import pytest
@@ -28,24 +26,8 @@ def test_the_cpu_hash_is_murmurhash3_of_seed_position_and_column() -> None:
 
 
 def test_the_pinned_sglang_is_installed() -> None:
-    """scripts/install.sh installs the one version the vendor layer patches."""
-    assert installed(), f"SGLang {PINNED} (scripts/install.sh)"
-
-
-def test_a_gpu_hosts_install_is_sglangs_requirements_but_two_pins() -> None:
-    """scripts/sglang-gpu.txt is what the pinned SGLang requires (its package metadata) but its
-    transformers and xgrammar pins, which the project's own ranges replace (SGLang and the
-    project cannot be resolved together with them); the documented lines install that SGLang."""
-    repo = Path(__file__).resolve().parents[1]
-    listed = [line for line in (repo / "scripts" / "sglang-gpu.txt").read_text().splitlines()
-              if line and not line.startswith("#")]  # fmt: skip
-    own = [r for r in requires("sglang") or [] if "extra ==" not in r]
-    replaced = ("transformers==", "xgrammar==")
-    assert sorted(listed) == sorted(r for r in own if not r.startswith(replaced))
-    assert sum(r.startswith(replaced) for r in own) == 2, "SGLang's pins moved: check the list"
-    docs = (repo / "docs" / "omni-worker.md").read_text()
-    assert f"pip install --no-deps sglang=={PINNED}" in docs
-    assert 'pip install "omni-fleet[worker,grammar]" -r scripts/sglang-gpu.txt' in docs
+    """The lock (uv.lock) installs the one version the vendor layer patches."""
+    assert installed(), f"SGLang {PINNED} (uv.lock, scripts/install.sh)"
 
 
 def test_the_platform_is_for_hosts_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

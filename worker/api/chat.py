@@ -137,7 +137,7 @@ def _grammar(fmt: ResponseFormat | None) -> Grammar | None:
         return None
     if not grammars.available():
         raise bad(
-            "response_format needs xgrammar on this worker (pip install 'omni-fleet[grammar]')",
+            "response_format needs xgrammar on this worker (pip install 'omni-fleet[worker]')",
             "response_format",
         )
     if fmt.type == "json_object":

@@ -120,7 +120,7 @@ def tool_use(body: ChatRequest, grammars_available: bool) -> ToolUse | None:
         if not grammars_available:
             raise _bad(
                 "tool_choice required or a named function needs xgrammar on this worker "
-                "(pip install 'omni-fleet[grammar]')",
+                "(pip install 'omni-fleet[worker]')",
                 "tool_choice",
             )
         if body.response_format is not None and body.response_format.type != "text":

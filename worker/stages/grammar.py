@@ -2,9 +2,9 @@
 default) compiles a JSON schema, or JSON itself, against the decoder's tokenizer; each step,
 the request's matcher masks the logits to the tokens that keep the output valid, and the token
 picked advances it. Output is compact JSON (no free whitespace between tokens), so a reply
-cannot wander in whitespace until its token limit. xgrammar is optional on CPU hosts
-(``pip install omni-fleet[grammar]``; ``scripts/install.sh`` installs it): without it a
-request with a ``response_format`` other than text is refused."""
+cannot wander in whitespace until its token limit. xgrammar comes with the ``worker`` extra
+(both locks install it); an install without it refuses a request with a ``response_format``
+other than text."""
 
 from __future__ import annotations
 

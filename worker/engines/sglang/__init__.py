@@ -11,9 +11,8 @@ What is here, and nowhere else:
 - ``talkers``: what those talker classes do alike (their engine settings, their prompt rows,
   their picks handed to SGLang's sampler).
 
-One SGLang version is supported (``PINNED``); install it with ``scripts/install.sh`` (CPU) or
-the lines in docs/omni-worker.md (GPU). ``load`` is the one way in: it applies the patches
-around the first import.
+One SGLang version is supported (``PINNED``), the one both locks pin (docs/install.md). ``load``
+is the one way in: it applies the patches around the first import.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ def load() -> ModuleType:
         version = metadata.version("sglang")
     except metadata.PackageNotFoundError:
         raise RuntimeError(
-            f"engine.backend 'sglang' needs SGLang {PINNED}, which is not installed: run "
-            "scripts/install.sh (CPU hosts) or see docs/omni-worker.md (GPU hosts)"
+            f"SGLang {PINNED} is not installed: run scripts/install.sh (CPU hosts) or "
+            "`uv sync --frozen --project deploy/gpu` (GPU hosts; docs/install.md)"
         ) from None
     if version != PINNED:
         raise RuntimeError(

@@ -6,19 +6,20 @@ after it. Each patch says when it can go.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
-import sysconfig
-from pathlib import Path
-
-# Where scripts/install.sh puts the torchvision that only SGLang's imports need (see below).
-EXTRAS_DIR = Path(sysconfig.get_paths()["purelib"]) / "omni_sglang_extras"
+from types import ModuleType
+from typing import Any
 
 
 def before_import() -> None:
-    _torchvision_for_sglang_imports()
+    _absent_helpers_for_sglang_imports(install=True)
 
 
 def after_import() -> None:
+    _absent_helpers_for_sglang_imports(install=False)
     _per_request_seeds()
     _repetition_penalty_over_the_prompt()
     _seeded_draws_in_vocabulary_order()
@@ -26,33 +27,99 @@ def after_import() -> None:
     _native_attention_without_recomputation()
 
 
-def _torchvision_for_sglang_imports() -> None:
-    """SGLang imports torchvision unconditionally at start (``configs/__init__.py`` ->
-    ``multimodal/internvl_utils.py:5``), although the stages here never run its image
-    transforms. The only torchvision wheels that pip can install next to the CPU torch 2.13 are
-    CUDA builds whose C extension does not load, and torchvision's import then fails registering
-    fake kernels for two operators the extension would have defined
-    (``torchvision/_meta_registrations.py``, ``nms`` and ``qnms``). Declaring those operators'
-    schemas first is enough for the import. That torchvision is installed apart from
-    site-packages (``EXTRAS_DIR``), on the path only of processes that run SGLang: installed
-    beside transformers it would break transformers' own imports everywhere else (transformers
-    prefers torchvision when it can find it). Goes when SGLang imports torchvision lazily, or a
-    CPU wheel of torchvision matching the CPU torch is installable."""
-    import torch
+# What SGLang imports at start, for helpers the stages here never run, and a CPU host does not
+# install (pyproject.toml [tool.uv] exclude-dependencies):
+_ABSENT_ON_CPU = {
+    # ``utils.py:25`` (``from IPython.display import HTML, display``, reached from
+    # ``sglang/__init__.py`` -> ``lang.api``): used only by ``print_highlight``, a notebook
+    # helper
+    "IPython": ("IPython.display",),
+    # ``configs/__init__.py`` -> ``configs/nano_nemotron_vl.py:22`` ->
+    # ``multimodal/internvl_utils.py:5,7``, and -> ``configs/unlimited_ocr.py:16`` ->
+    # ``configs/deepseek_ocr.py:7-8``: image transforms called only inside those models'
+    # processors. The registry's torchvision wheels are CUDA builds that do not load beside the
+    # CPU torch, and one in site-packages would break transformers' imports everywhere
+    # (transformers prefers torchvision when it can find it)
+    "torchvision": ("torchvision.transforms", "torchvision.transforms.functional"),
+}
 
-    if torch.cuda.is_available():
-        return  # a GPU host installs SGLang's own CUDA torchvision
-    if str(EXTRAS_DIR) not in sys.path:
-        sys.path.append(str(EXTRAS_DIR))
-    if _keep:
+
+class _Absent:
+    """A name from a package that is not installed: importing it works, using it raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise RuntimeError(self._why(f"{self._name}.{attr}"))
+
+    def __call__(self, *args: object, **kwargs: object) -> Any:
+        raise RuntimeError(self._why(self._name))
+
+    @staticmethod
+    def _why(name: str) -> str:
+        package = name.split(".")[0]
+        return (
+            f"{name}: {package} is not installed on a CPU host; SGLang imports it for helpers "
+            "the stages here never run (worker/engines/sglang/patches.py)"
+        )
+
+
+class _AbsentFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``_ABSENT_ON_CPU``'s modules, only while SGLang is being imported."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> Any:
+        if fullname not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = ModuleType(spec.name)
+
+        def absent(attr: str) -> _Absent:
+            if attr.startswith("__"):  # the import system's own probes (__path__, ...)
+                raise AttributeError(attr)
+            return _Absent(f"{spec.name}.{attr}")
+
+        module.__getattr__ = absent  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+_finder: _AbsentFinder | None = None
+
+
+def _absent_helpers_for_sglang_imports(install: bool) -> None:
+    """SGLang 0.5.23 imports, at start, two packages that only notebook and image-model helpers
+    use (``_ABSENT_ON_CPU`` names the lines). While its import runs, each of them that is not
+    installed imports as a module whose every name raises when used, naming this patch; after
+    it, they are gone from ``sys.modules`` again, so that nothing else (transformers' checks of
+    what is installed) sees them. Goes when SGLang imports them lazily."""
+    global _finder
+    if not install:
+        if _finder is not None:
+            sys.meta_path.remove(_finder)
+            for name in _finder.names:
+                sys.modules.pop(name, None)
+            _finder = None
         return
-    lib = torch.library.Library("torchvision", "DEF")
-    for op in ("nms", "qnms"):
-        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _keep.append(lib)
+    # transformers records at import what is installed: made before the stand-ins exist
+    import transformers.utils.import_utils  # noqa: F401
 
-
-_keep: list[object] = []  # a torch.library.Library undefines its operators when collected
+    names = {
+        name
+        for package, submodules in _ABSENT_ON_CPU.items()
+        if importlib.util.find_spec(package) is None
+        for name in (package, *submodules)
+    }
+    if names:
+        _finder = _AbsentFinder(names)
+        sys.meta_path.append(_finder)
 
 
 def _seeded_sampling_without_sgl_kernel() -> None:
