@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds the isolated reference environment for the equality tests of Qwen3-TTS and Qwen3-ASR:
 # the official `qwen-tts` and `qwen-asr` packages from PyPI, which pin transformers 4.57, in a
-# venv that shares the system torch (--system-site-packages) but has its own transformers 4.57.x,
-# tokenizers and huggingface-hub. Idempotent: a finished venv (its marker file) is kept.
+# venv that shares the project environment's torch (its site-packages on the path after the
+# venv's own, as --system-site-packages would share the system's) but has its own transformers
+# 4.57.x, tokenizers and huggingface-hub. Idempotent: a finished venv (its marker file) is kept;
+# it follows the project environment it is called from.
 #
-#   scripts/reference_venv.sh [DIR]      # default: $OMNI_REFERENCE_VENV or ~/.cache/omni-fleet/reference-venv
+#   OMNI_PROJECT_PYTHON=.venv/bin/python scripts/reference_venv.sh [DIR]
+#   # DIR default: $OMNI_REFERENCE_VENV or ~/.cache/omni-fleet/reference-venv
 #
 # Only optional imports that the checked code paths never call are stubbed (see STUBS below):
 # the 25 Hz tokenizer's sox/onnxruntime/torchaudio (the 12 Hz models never build it) and the
@@ -15,12 +18,20 @@ set -euo pipefail
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 DIR="${1:-${OMNI_REFERENCE_VENV:-$HOME/.cache/omni-fleet/reference-venv}}"
-MARKER="$DIR/.omni-reference-ready-v1"
-[[ -f "$MARKER" ]] && { echo "$DIR"; exit 0; }
+PROJECT_PY="${OMNI_PROJECT_PYTHON:-$(dirname "$0")/../.venv/bin/python}"
+PROJECT_SITE=$("$PROJECT_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+MARKER="$DIR/.omni-reference-ready-v2"
+PY="$DIR/bin/python"
+share_project_site() {  # (the project environment may have moved: CI builds one per run)
+  local site
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$PROJECT_SITE" >"$site/omni_project_site.pth"
+}
+[[ -f "$MARKER" ]] && { share_project_site; echo "$DIR"; exit 0; }
 
 rm -rf "$DIR"
-python3 -m venv --system-site-packages "$DIR"
-PY="$DIR/bin/python"
+"$PROJECT_PY" -m venv "$DIR"
+share_project_site
 "$PY" -m pip install -q \
   "transformers==4.57.6" "tokenizers>=0.22,<0.23" "huggingface-hub>=0.34,<1.0" \
   "accelerate==1.12.0" "librosa>=0.10" "einops>=0.8" >&2

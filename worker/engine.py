@@ -113,6 +113,9 @@ class Finished:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
+    # speech: the input text's positions (its tokens, then end-of-text) the talker read; each
+    # is read once (None: no talker ran)
+    text_tokens_read: int | None = None
 
 
 Event = TextDelta | AudioChunk | ClipStart | WordTimings | Finished

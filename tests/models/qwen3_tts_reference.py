@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ def reference_python() -> Path:
     """The reference venv's python (scripts/reference_venv.sh builds it once, ~3 min)."""
     out = subprocess.run(
         ["bash", str(REPO / "scripts" / "reference_venv.sh")],
+        env={**os.environ, "OMNI_PROJECT_PYTHON": sys.executable},  # its torch, shared
         check=True,
         capture_output=True,
         text=True,
@@ -87,10 +89,15 @@ def official_generate(
     return {name: dict(np.load(tmp / f"{name}.out.npz")) for name in runs}
 
 
-def spec_for(spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int) -> Path:
-    """The embedded spec served from ``checkpoint`` instead of its seeded tiny weights."""
+def spec_for(
+    spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int, served_as: str | None = None
+) -> Path:
+    """The embedded spec served from ``checkpoint`` instead of its seeded tiny weights (under
+    the model name ``served_as``, if given)."""
     spec = yaml.safe_load((REPO / "configs" / "models" / f"{spec_name}.yaml").read_text())
     spec["model_dir"] = str(checkpoint)
+    if served_as:
+        spec["name"] = served_as
     spec["stages"]["tts_engine"]["engine"]["max_new_tokens"] = max_new_tokens
     path = tmp / f"{spec_name}-{checkpoint.name}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -99,3 +106,47 @@ def spec_for(spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int) -
 
 def to_int16(wav: np.ndarray) -> np.ndarray:
     return np.clip(np.round(np.asarray(wav, np.float64) * 32767.0), -32768, 32767).astype(np.int16)
+
+
+FRAME = 1920  # 24 kHz samples per 12 Hz frame
+
+
+def reference_audio() -> tuple[bytes, np.ndarray]:
+    """1.3 s of a decaying tone with noise as a 24 kHz wav, and the samples the worker stores."""
+    import io
+
+    import soundfile as sf
+
+    from worker.api import audio
+
+    rate = 24_000
+    t = np.arange(int(rate * 1.3)) / rate
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * np.exp(-t) + 0.05 * noise
+    buf = io.BytesIO()
+    sf.write(buf, wav.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    data = buf.getvalue()
+    stored = audio.from_pcm16(
+        audio.to_pcm16(audio.decode_audio(data, max_seconds=60, target_rate=rate))
+    )
+    return data, stored
+
+
+def assert_same_speech(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
+    """``pcm`` (int16) is the package's waveform ``wav`` within two int16 steps (the vocoder
+    decodes a stream in growing windows: float rounding differs from one pass); otherwise the
+    failure names the first frame that differs and its SNR."""
+    want = to_int16(wav)
+    assert pcm.shape == want.shape, (
+        f"{what}: {pcm.size / FRAME} frames, the package's {want.size / FRAME}"
+    )
+    off = np.abs(pcm.astype(np.int32) - want).reshape(-1, FRAME).max(axis=1) > 2
+    if off.any():
+        k = int(np.argmax(off))
+        ref = want[k * FRAME : (k + 1) * FRAME].astype(np.float64)
+        err = pcm[k * FRAME : (k + 1) * FRAME].astype(np.float64) - ref
+        snr = 10 * np.log10(max(float(ref @ ref), 1e-9) / max(float(err @ err), 1e-9))
+        raise AssertionError(
+            f"{what}: frame {k} of {off.size} is the first that differs from the package's "
+            f"({snr:.1f} dB SNR there); {int(off.sum())} frames differ"
+        )

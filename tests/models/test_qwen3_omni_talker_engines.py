@@ -40,7 +40,7 @@ def _frames(talker: Any) -> dict[str, Any]:
     """Each reply's frames (or its refusal), its thinker tokens fed one a step."""
     import numpy as np
 
-    from worker.stages.base import CHUNK, INVALID, RequestMeta
+    from worker.stages.base import CHUNK, END, INVALID, RequestMeta
     from worker.stages.sampling import Sampling
 
     cfg, width = talker.config, talker.tc.thinker_hidden_size
@@ -65,6 +65,7 @@ def _frames(talker: Any) -> dict[str, Any]:
         talker.feed(rid, "thinker", {"tokens": [11, 12], "embeds": embeds[:2], **first})
         streams[rid] = [embeds, 2]
     out: dict[str, Any] = {}
+    read: dict[str, int] = {}  # the text positions each reply's talker read
     while True:
         for rid, stream in streams.items():
             embeds, fed = stream
@@ -74,10 +75,16 @@ def _frames(talker: Any) -> dict[str, Any]:
                 talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
             stream[1] = fed + 1
         if talker.next_deadline() is None and all(s[1] > len(s[0]) for s in streams.values()):
-            return out
+            return {
+                "frames": out,
+                "read": read,
+                "tokens": {r: len(s[0]) for r, s in streams.items()},
+            }
         for kind, rid, data in talker.step():
             if kind == CHUNK:
                 out.setdefault(rid, []).append(data["codes"].tolist())
+            elif kind == END:
+                read[rid] = data["text_tokens_read"]
             elif kind == INVALID:
                 out[rid] = data
 
@@ -92,9 +99,15 @@ def test_the_sglang_talker_picks_the_torch_engines_codes(tmp_path: Path) -> None
         assert child.returncode == 0, child.stderr[-3000:]
         found[backend] = json.loads(child.stdout.splitlines()[-1])
     assert found["sglang"] == found["transformers"]
-    frames = found["sglang"]
+    frames = found["sglang"]["frames"]
     assert all(isinstance(f, list) and len(f) >= 2 for f in frames.values()), frames
     assert frames["seeded"] != frames["greedy-as-seeded"]  # (the same inputs: sampled)
+    # Each text position read once, as it came: the reply's first token in the prompt, then one
+    # a frame (its tokens, then end-of-text) while there are any: min(frames, tokens) + 1.
+    read, tokens = found["sglang"]["read"], found["sglang"]["tokens"]
+    want = {rid: min(len(f), tokens[rid]) + 1 for rid, f in frames.items()}
+    assert read == want
+    assert any(len(frames[rid]) > tokens[rid] for rid in frames), "no reply read its whole text"
 
 
 if __name__ == "__main__":

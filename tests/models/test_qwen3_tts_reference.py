@@ -17,14 +17,12 @@ Two sizes per variant (talker width and depth, text width, code-predictor projec
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import soundfile as sf
 
 from tests.models import qwen3_tts_reference as ref
 from tests.worker_procs import WorkerProcess
@@ -54,28 +52,11 @@ CLONE_REQUESTS = [
 ]  # fmt: skip
 
 
-def _reference_audio() -> tuple[bytes, np.ndarray]:
-    """1.3 s of a decaying tone with noise as a 24 kHz wav, and the samples the worker stores."""
-    from worker.api import audio
-
-    rate = 24_000
-    t = np.arange(int(rate * 1.3)) / rate
-    noise = np.random.default_rng(0).standard_normal(t.size)
-    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * np.exp(-t) + 0.05 * noise
-    buf = io.BytesIO()
-    sf.write(buf, wav.astype(np.float32), rate, format="WAV", subtype="PCM_16")
-    data = buf.getvalue()
-    stored = audio.from_pcm16(
-        audio.to_pcm16(audio.decode_audio(data, max_seconds=60, target_rate=rate))
-    )
-    return data, stored
-
-
 @pytest.fixture(scope="module")
 def official(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("qwen3-tts-official")
     checkpoints = ref.official_checkpoints(CV + BASE, tmp)
-    _, stored = _reference_audio()
+    _, stored = ref.reference_audio()
     np.save(tmp / "ref.npy", stored)
     runs = {name: [dict(r, max_new_tokens=MAX_NEW) for r in CV_REQUESTS] for name in CV}
     runs[CV[1]].append(LONG_REQUEST)  # result index len(CV_REQUESTS)
@@ -171,13 +152,6 @@ def _speech(worker: WorkerProcess, model: str, body: dict) -> np.ndarray:
     return np.frombuffer(r.content, dtype="<i2")
 
 
-def _close(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
-    want = ref.to_int16(wav)
-    assert pcm.shape == want.shape, (what, pcm.shape, want.shape)
-    # the vocoder decodes the stream in growing windows: float rounding differs from one pass
-    assert np.abs(pcm.astype(np.int32) - want).max() <= 2, what
-
-
 # Through the worker: one size per variant (both sizes are compared in process above).
 @pytest.mark.parametrize("name", CV[1:])
 def test_worker_speech_equals_official(name: str, official: dict) -> None:
@@ -191,7 +165,9 @@ def test_worker_speech_equals_official(name: str, official: dict) -> None:
             body = {"input": r["text"], "voice": r["speaker"], "language": r["language"]}
             if r.get("instruct"):
                 body["instructions"] = r["instruct"]
-            _close(_speech(worker, "tiny-qwen3-tts", body), res[f"{i}.wav"], f"request {i}")
+            ref.assert_same_speech(
+                _speech(worker, "tiny-qwen3-tts", body), res[f"{i}.wav"], f"request {i}"
+            )
     finally:
         worker.stop()
 
@@ -206,7 +182,9 @@ def test_worker_speech_spanning_vocoder_blocks_equals_official(official: dict) -
     try:
         worker.wait_ready(timeout=300)
         body = {"input": LONG_REQUEST["text"], "voice": "vivian", "language": "English"}
-        _close(_speech(worker, "tiny-qwen3-tts", body), wav, "a reply of two blocks")
+        ref.assert_same_speech(
+            _speech(worker, "tiny-qwen3-tts", body), wav, "a reply of two blocks"
+        )
     finally:
         worker.stop()
 
@@ -216,7 +194,7 @@ def test_worker_cloned_voice_equals_official(name: str, official: dict, redis_ur
     tmp = official["tmp"]
     spec = ref.spec_for("tiny-qwen3-tts-base", official["checkpoints"][name], tmp, MAX_NEW)
     res = official["results"][name]
-    data, _ = _reference_audio()
+    data, _ = ref.reference_audio()
     worker = WorkerProcess(
         "--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp), redis_url=redis_url
     )
@@ -234,6 +212,8 @@ def test_worker_cloned_voice_equals_official(name: str, official: dict, redis_ur
         for i, voice in ((0, "ref-icl"), (1, "ref-xvec")):
             r = CLONE_REQUESTS[i]
             body = {"input": r["text"], "voice": voice, "language": r["language"]}
-            _close(_speech(worker, "tiny-qwen3-tts-base", body), res[f"{i}.wav"], voice)
+            ref.assert_same_speech(
+                _speech(worker, "tiny-qwen3-tts-base", body), res[f"{i}.wav"], voice
+            )
     finally:
         worker.stop()

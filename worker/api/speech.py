@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -280,11 +281,13 @@ async def _sse_stream(service: WorkerService, gen: GenerationRequest, ticket: Ti
             data = base64.b64encode(tail).decode()
             yield b"data: " + orjson.dumps({"type": "speech.audio.delta", "audio": data})
             yield b"\n\n"
-        usage = {
+        usage: dict[str, Any] = {
             "input_tokens": finished.prompt_tokens,
             "output_tokens": finished.completion_tokens,
         }
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        if finished.text_tokens_read is not None:
+            usage["input_token_details"] = {"text_tokens": finished.text_tokens_read}
         yield b"data: " + orjson.dumps({"type": "speech.audio.done", "usage": usage}) + b"\n\n"
         done = True
     except StageFailed as exc:

@@ -27,7 +27,7 @@ import asyncio
 import base64
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, WebSocket
@@ -178,10 +178,12 @@ async def _speak(
                     await send({"type": "speech.audio.delta", "id": utterance.id, "audio": data})
                 elif isinstance(event, Finished):
                     finished = event
-        usage = {
+        usage: dict[str, Any] = {
             "input_tokens": finished.prompt_tokens if finished else 0,
             "output_frames": finished.completion_tokens if finished else 0,
         }
+        if finished and finished.text_tokens_read is not None:
+            usage["input_token_details"] = {"text_tokens": finished.text_tokens_read}
         await send({"type": "speech.audio.done", "id": utterance.id, "usage": usage})
     except StageFailed as exc:
         with contextlib.suppress(Exception):

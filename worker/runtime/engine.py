@@ -394,6 +394,14 @@ class PipelineEngine:
                 prompt_tokens=int(info.get("prompt_tokens", 0)),
                 completion_tokens=int(info.get("completion_tokens", 0)),
                 cached_tokens=int(info.get("cached_tokens", 0)),
+                text_tokens_read=next(
+                    (
+                        int(i["text_tokens_read"])
+                        for i in req.info.values()
+                        if "text_tokens_read" in i
+                    ),
+                    None,
+                ),
             )
         )
         self._close(req)

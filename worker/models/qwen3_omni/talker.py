@@ -84,6 +84,7 @@ class _Request:
     codes: list[int] = field(default_factory=list)  # first codes so far
     past_hidden: Any = None  # the talker's last hidden state (1, 1, H)
     frames: int = 0
+    text_read: int = 0  # positions of the thinker's reply (and its end) the talker has read
     # on SGLang (talker_sglang): the prompt the model reads, and each step's inputs and output
     prompt_embeds: Any = None  # (1, positions, H)
     positions: Any = None  # its 3-D rope positions (3, positions)
@@ -269,6 +270,7 @@ class TalkerExecutor(StageExecutor):
         a = int(heads[-1])
         reply = on_device(r.embeds[0], dev, dtype)[None]
         assistant = self.talker.text_projection(torch.cat([embed[a:], reply]))[:4]
+        r.text_read = 1  # (the reply's first token is the prompt's last position)
         tts = self.talker.text_projection(on_device(first["tts_embeds"], dev, dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = tts[0], tts[1], tts[2]
         text = torch.cat(
@@ -388,15 +390,17 @@ class TalkerExecutor(StageExecutor):
         return outs
 
     def _trailing(self, r: _Request, k: int) -> Any:
-        """The text the talker reads at step k: the thinker's token k + 1, tts_eos right after
-        the reply's last token (a reply cut by length ends one token early, as in the
-        reference), tts_pad after that."""
+        """The text the talker reads at step k (each step calls this once): the thinker's
+        token k + 1, tts_eos right after the reply's last token (a reply cut by length ends one
+        token early, as in the reference), tts_pad after that."""
         if r.ended:
             last = len(r.tokens) if r.finish == "stop" else len(r.tokens) - 1
             if k + 1 > last:
                 return self.tts_pad
             if k + 1 == last:
+                r.text_read += 1
                 return self.tts_eos
+        r.text_read += 1
         e = on_device(r.embeds[k + 1], self.ctx.device, self.codec_embed.weight.dtype)
         return self.talker.text_projection(e[None])[0]
 
@@ -421,7 +425,7 @@ class TalkerExecutor(StageExecutor):
 
     def _finish(self, r: _Request) -> list[Output]:
         self.running.pop(r.rid, None)
-        info = {"frames": r.frames}
+        info = {"frames": r.frames, "text_tokens_read": r.text_read}
         return [(END, r.rid, info), (DONE, r.rid, info)]
 
 

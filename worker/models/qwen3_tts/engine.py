@@ -18,6 +18,7 @@ frame of the last one is never produced, so at most ``max_new_tokens - 1`` frame
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from worker.stages.talker_sampling import (
     predictor_choice,
     sampled,
 )
+
+log = logging.getLogger(__name__)
 
 
 class TTSInputError(ValueError):
@@ -62,10 +65,22 @@ class Prompt:
     # with ``eos`` once the text is complete
     eos: torch.Tensor | None = None
     text_done: bool = True
+    # The request text's tokens that the prompt holds, in ``embeds`` or ``trailing``: every
+    # one of a whole text's, the ones arrived of a streamed text. ``extend`` gives only those
+    # past them, so that the talker reads each text position once.
+    text: list[int] = field(default_factory=list)
+    text_in_embeds: int = 0  # positions of the request text (and its end) in ``embeds``
+    trailing_text: tuple[int, int] = (0, 0)  # ``trailing``'s span of them
 
     def ready(self, frames: int) -> bool:
         """Whether the talker has what the step after ``frames`` frames adds to its input."""
         return self.text_done or frames < self.trailing.shape[1]
+
+    def text_read(self, frames: int) -> int:
+        """The request text's positions (its tokens, then end-of-text) the talker has read
+        after ``frames`` steps: its prompt's, then one of ``trailing`` per step."""
+        start, end = self.trailing_text
+        return self.text_in_embeds + max(0, min(frames, end) - start)
 
 
 class PromptBuilder:
@@ -114,16 +129,24 @@ class PromptBuilder:
 
     @torch.inference_mode()
     def extend(self, prompt: Prompt, tokens: list[int], done: bool) -> None:
-        """More of a streamed text for the talker to read, one token per frame; ``done``: it
-        is complete (end-of-text follows it)."""
-        t = self.talker
+        """A streamed text as far as it has come (``text_tokens``) for the talker to read, one
+        token per frame: the tokens past those the prompt holds, then end-of-text once
+        ``done``. A prompt whose text is complete (a whole text's) takes nothing more."""
+        if prompt.text_done:
+            return
+        held = len(prompt.text)
+        if tokens[:held] != prompt.text:  # (what the talker read cannot be taken back)
+            log.warning("a streamed text tokenized apart from its start: its start is kept")
+        new = tokens[held:]
         pieces = [prompt.trailing]
-        if tokens:
-            ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-            pieces.append(t.text_embed(ids))
+        if new:
+            pieces.append(self.talker.text_embed(torch.tensor([new], device=self._device)))
         if done and prompt.eos is not None:
             pieces.append(prompt.eos)
+        start, end = prompt.trailing_text
         prompt.trailing = torch.cat(pieces, dim=1)
+        prompt.trailing_text = (start, end + len(new) + int(done and prompt.eos is not None))
+        prompt.text += new
         prompt.text_done = done
 
     @torch.inference_mode()
@@ -208,6 +231,8 @@ class PromptBuilder:
             pieces.append(t.text_embed(self.ids(f"<|im_start|>user\n{instruct}<|im_end|>\n")))
         pieces += [t.text_embed(ids[:, :3]), head]
         body = ids[:, 3:-5]
+        words = body.shape[1]  # the request text's tokens (end-of-text follows them)
+        in_embeds, trailing_text = words + 1, (0, 0)  # where the talker reads them
         if ref_codes is not None:
             if not ref_text:
                 raise TTSInputError("voice cloning with reference codes needs the reference text")
@@ -225,6 +250,9 @@ class PromptBuilder:
             elif tl > cl:
                 pieces.append(text_e[:, :cl] + codec_e)
                 trailing = text_e[:, cl:]
+                ref_len = ref_ids.shape[1]  # (text_e: the reference's tokens, then the text's)
+                in_embeds = max(0, cl - ref_len)
+                trailing_text = (max(0, ref_len - cl), tl - cl)
             else:
                 pieces.append(torch.cat([text_e] + [pad_e] * (cl - tl), dim=1) + codec_e)
                 trailing = pad_e
@@ -237,7 +265,17 @@ class PromptBuilder:
             pieces.append(t.text_embed(ids[:, 3:4]) + codec_in[:, -1:])
             rest = [t.text_embed(ids[:, 4:-5])]
             trailing = torch.cat([*rest, eos_e] if text_done else rest, dim=1)
-        return Prompt(torch.cat(pieces, dim=1), trailing, pad_e, eos_e, text_done)
+            in_embeds, trailing_text = 1, (0, trailing.shape[1])
+        return Prompt(
+            torch.cat(pieces, dim=1),
+            trailing,
+            pad_e,
+            eos_e,
+            text_done,
+            text=body[0].tolist(),
+            text_in_embeds=in_embeds,
+            trailing_text=trailing_text,
+        )
 
 
 def checkpoint_sampling(generation_config: dict[str, Any]) -> TalkerSampling:

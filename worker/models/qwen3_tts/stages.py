@@ -19,7 +19,6 @@ speaker embedding are computed once, ``voice_cache``).
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,8 +47,6 @@ from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
 if TYPE_CHECKING:
     from worker.models.qwen3_tts.engine import TalkerEngine
     from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
-
-log = logging.getLogger(__name__)
 
 
 class TTSPreprocess(RequestPreprocessor[RequestInput]):
@@ -153,11 +150,10 @@ class _Req:
     max_new: int = 0
     frames: int = 0
     started: float = field(default_factory=time.monotonic)
-    # streamed text (``text_follows``): what arrived so far, whether it is complete, and the
-    # tokens the talker has been given
+    # streamed text (``text_follows``): what arrived so far, and whether it is complete (its
+    # prompt knows which of its tokens the talker has: ``Prompt.text``)
     text: str = ""
     text_done: bool = True
-    given: list[int] = field(default_factory=list)
 
 
 class TTSEngineExecutor(StageExecutor):
@@ -250,15 +246,11 @@ class TTSEngineExecutor(StageExecutor):
         return self.running.get(rid) or next((r for r in self.pending if r.rid == rid), None)
 
     def _give(self, r: _Req) -> None:
-        """A running request's talker gets the streamed text's new complete words."""
-        if r.engine_req is None:
+        """A running request's talker gets the streamed text's new complete words: those past
+        the ones its prompt holds (a whole text's prompt holds them all, and takes none)."""
+        if r.engine_req is None or r.prompt.text_done:
             return
-        tokens = self.builder.text_tokens(r.text, r.text_done)
-        if tokens[: len(r.given)] != r.given:  # (what the talker read cannot be taken back)
-            log.warning("%s: streamed text tokenized apart from its start", r.rid)
-        new = tokens[len(r.given) :]
-        r.given += new
-        self.builder.extend(r.engine_req.prompt, new, r.text_done)
+        self.builder.extend(r.prompt, self.builder.text_tokens(r.text, r.text_done), r.text_done)
 
     def abort(self, rid: str) -> None:
         self.pending = [r for r in self.pending if r.rid != rid]
@@ -334,10 +326,9 @@ class TTSEngineExecutor(StageExecutor):
                     "streamed text is read in the model's streaming-text mode, which a voice "
                     "cloned from its transcript does not use: upload it without one"
                 )
-            r.given = self.builder.text_tokens(r.text, r.text_done) if streamed else []
             prompt = self.builder.build(
                 r.text,
-                tokens=r.given if streamed else None,
+                tokens=self.builder.text_tokens(r.text, r.text_done) if streamed else None,
                 language=p.get("language", "auto"),
                 speaker=p.get("speaker"),
                 instruct=p.get("instruct"),
@@ -397,6 +388,7 @@ class TTSEngineExecutor(StageExecutor):
                     "finish_reason": "stop" if eos else "length",
                     "prompt_tokens": r.prompt_tokens,
                     "completion_tokens": r.frames,
+                    "text_tokens_read": r.prompt.text_read(r.engine_req.frames),
                 }
                 outs += [(END, r.rid, info), (DONE, r.rid, info)]
         return outs
