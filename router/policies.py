@@ -117,13 +117,24 @@ CHOOSERS: dict[Policy, Chooser] = {
 }
 
 
+def reported_requests(load: LoadReport, stage_class: str) -> float:
+    """The requests the worker holds on the stages this request class uses: queue depths,
+    primary stages at full weight; its in-flight count without them. Not its busy fractions,
+    which are time, not requests: a worker stays busy for about a second after its last
+    request has ended, and a session's next request would be moved off it at idle load."""
+    if not load.queue_depth:
+        return float(load.in_flight)
+    primary = PRIMARY_STAGES[stage_class]
+    return sum(d if s in primary else SECONDARY_WEIGHT * d for s, d in load.queue_depth.items())
+
+
 def placement_load(worker: WorkerState, stage_class: str, reports: bool = True) -> float:
     """Requests on the worker as well as this router knows: its own in-flight count, or the
     worker's fresh report when that says more (the report counts every router's requests,
     this one's included, so the two are not added)."""
     own = float(worker.in_flight)
     load = worker.fresh_load() if reports else None
-    return own if load is None else max(own, reported_load(load, stage_class))
+    return own if load is None else max(own, reported_requests(load, stage_class))
 
 
 def over_bound(

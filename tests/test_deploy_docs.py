@@ -38,7 +38,7 @@ def test_daemon_flags_and_variables_in_the_docs_are_settings_fields(doc: Path) -
     # omni-plan's --inventory/--json, bench/redis_footprint.py's --workers/--sessions;
     # worker_token is the worker's documented alias of --token
     known = fields | {"inventory", "json", "workers", "sessions", "worker_token"}
-    # redis-server options quoted in redis.md are not ours
-    redis_options = {"requirepass", "tls_port", "appendonly", "sentinel", "replicaof"}
-    assert not (flags - known - redis_options), sorted(flags - known - redis_options)
+    # redis-server options quoted in redis.md, and uv's in the install lines, are not ours
+    others = {"requirepass", "tls_port", "appendonly", "sentinel", "replicaof", "frozen", "project"}
+    assert not (flags - known - others), sorted(flags - known - others)
     assert not (variables - known), sorted(variables - known)

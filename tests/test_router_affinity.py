@@ -127,3 +127,29 @@ def test_bounded_load_moves_a_hot_session_and_records_it(redis_url: str) -> None
         router.stop()
         for w in workers.values():
             w.stop()
+
+
+def test_sessions_stay_put_at_idle_load_with_the_default_policy(redis_url: str) -> None:
+    """Two routers, three workers, the default policy (cache-aware) and bound: 20 sessions of 4
+    requests each, one request at a time, alternating routers. Each worker reports its stages
+    busy for a second after a request, as a real one does, so a session's next request finds
+    its worker busy with nothing queued: that is no reason to move it (it once was)."""
+    workers = [FakeWorker(f"w{i}", "--report-busy", redis_url=redis_url) for i in (1, 2, 3)]
+    routers = [Router("--redis-url", redis_url, name=f"router-idle-{n}") for n in "ab"]
+    try:
+        for r in routers:
+            wait_for(lambda r=r: routable(r) == {"w1", "w2", "w3"}, 5)
+        answered: dict[str, set[str]] = {}
+        for i in range(20):
+            for k in range(4):
+                wid = worker_for(routers[k % 2], f"idle-{i}")
+                answered.setdefault(f"idle-{i}", set()).add(wid)
+        moved = {s: ws for s, ws in answered.items() if len(ws) > 1}
+        assert not moved, f"sessions answered by more than one worker: {moved}"
+        assert redis_moves(redis_url) == 0
+        assert len(set().union(*answered.values())) > 1  # (new sessions still spread by load)
+    finally:
+        for r in routers:
+            r.stop()
+        for w in workers:
+            w.stop()

@@ -231,6 +231,20 @@ def test_bounded_load_counts_a_report_and_own_requests_once() -> None:
     assert not over_bound(hot, pair, "text", 1.25, reports=False)
 
 
+def test_bounded_load_counts_requests_not_busy_time() -> None:
+    """A worker whose stages were busy until a moment ago (a session's previous request) but
+    hold nothing now is not over the bound at idle load; the load policy still prefers the
+    idle peer for a request without a session."""
+    just_done = worker("a", 0, queue_depth={"thinker": 0}, busy={"thinker": 0.9, "talker": 0.9})
+    idle = [worker("b", 0, queue_depth={"thinker": 0}), worker("c", 0, queue_depth={"thinker": 0})]
+    fleet = [just_done, *idle]
+    assert not over_bound(just_done, fleet, "text", 1.25)
+    assert not over_bound(just_done, fleet, "speech", 1.25)
+    assert load_score(just_done, "text") > load_score(idle[0], "text")
+    two_queued = worker("a", 0, queue_depth={"thinker": 2}, busy={"thinker": 0.9})
+    assert over_bound(two_queued, [two_queued, *idle], "text", 1.25)  # requests still count
+
+
 def test_client_headers_one_reader_for_http_and_websocket() -> None:
     from router.http.headers import read_client_headers
 

@@ -55,6 +55,7 @@ class State:
         self.break_after: int | None = None
         self.fail_status = 0  # answer every generation request with this status
         self.load_override: dict | None = None
+        self.last_request_end = float("-inf")  # (monotonic) for --report-busy
         self.status = WorkerStatus.STARTING
         self.store: FleetStore | None = None
         self.record: WorkerRecord | None = None
@@ -229,6 +230,7 @@ class Conn(asyncio.Protocol):
                 w(response(200, orjson.dumps(doc)))
         finally:
             s.in_flight -= 1
+            s.last_request_end = time.monotonic()
 
     async def sse(self, w, request_id: str) -> None:
         a = self.s.args
@@ -379,11 +381,18 @@ async def publish_load(s: State) -> None:
     if s.store is None:
         return
     extra = s.load_override or {}
+    busy = extra.get("busy", {})
+    if s.args.report_busy and not busy:
+        # as a real worker's stages report it: the fraction of the last second spent stepping,
+        # still high for a while after a request has ended (its queues are empty by then)
+        since = time.monotonic() - s.last_request_end
+        fraction = 1.0 if s.in_flight else max(0.0, 1.0 - since)
+        busy = {"thinker": round(fraction, 3), "talker": round(fraction, 3)}
     report = LoadReport(
         worker_id=s.args.id,
         in_flight=s.in_flight,
         queue_depth=extra.get("queue_depth", {"thinker": s.in_flight}),
-        busy=extra.get("busy", {}),
+        busy=busy,
     )
     await s.store.publish_load(report, s.args.ttl_ms)
 
@@ -437,6 +446,9 @@ def main() -> None:
         "--replayable", action="store_true", help="stream events made from the request id only"
     )
     p.add_argument("--capacity", type=int, default=64)
+    p.add_argument(
+        "--report-busy", action="store_true", help="report stages busy for 1 s after a request"
+    )
     p.add_argument("--prefix-cache-tokens", type=int, default=0, help="reported prefix cache")
     p.add_argument(
         "--endpoints", nargs="+", default=["chat", "speech", "realtime", "transcription"]

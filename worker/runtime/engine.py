@@ -388,9 +388,12 @@ class PipelineEngine:
 
     def _finish(self, req: _Request) -> None:
         info = self._summary(req)
+        # A stop text ends the reply "stop" even where the generating stage had reached its
+        # length before the stage that reads the text found it (they run apart: either order)
+        stop_text = any(i.get("stop_text") for i in req.info.values())
         req.queue.put_nowait(
             Finished(
-                finish_reason=info.get("finish_reason", "stop"),
+                finish_reason="stop" if stop_text else info.get("finish_reason", "stop"),
                 prompt_tokens=int(info.get("prompt_tokens", 0)),
                 completion_tokens=int(info.get("completion_tokens", 0)),
                 cached_tokens=int(info.get("cached_tokens", 0)),

@@ -123,7 +123,7 @@ class DecodeExecutor(StageExecutor):
                 del self.reqs[rid]
                 info = {"finish_reason": "stop", "prompt_tokens": t.prompt_tokens,
                         "completion_tokens": len(t.tokens),
-                        "cached_tokens": t.cached_tokens}  # fmt: skip
+                        "cached_tokens": t.cached_tokens, "stop_text": True}  # fmt: skip
                 outs.append((DONE, rid, info))
                 return True
             if last:  # what was held back is the reply's end after all
