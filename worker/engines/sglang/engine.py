@@ -353,6 +353,11 @@ def _server_args(st: EngineSettings) -> Any:
     envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.set(True)
 
     cpu = not st.device.startswith("cuda")
+    if cpu:
+        # the eager runner copies each batch into fixed buffers for CUDA graphs to read
+        # (``runner/eager_runner.py:180-207``); a CPU replays no graph (SGLang's own switch,
+        # ``environ.py:1656``, which it sets for some models itself)
+        envs.SGLANG_EAGER_INPUT_NO_COPY.set(True)
     kv = st.kv_tokens or st.context_length * st.max_running_requests
     return ServerArgs(
         model_path=str(st.model_path),

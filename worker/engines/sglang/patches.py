@@ -24,7 +24,8 @@ def after_import() -> None:
     _repetition_penalty_over_the_prompt()
     _seeded_draws_in_vocabulary_order()
     _seeded_sampling_without_sgl_kernel()
-    _native_attention_without_recomputation()
+    _cpu_attention()
+    _cpu_decoder_stack()
 
 
 # What SGLang imports at start, for helpers the stages here never run, and a CPU host does not
@@ -231,92 +232,51 @@ def _seeded_draws_in_vocabulary_order() -> None:
     sampler.top_k_top_p_min_p_sampling_from_probs_torch = filtered_then_drawn
 
 
-def _native_attention_without_recomputation() -> None:
-    """SGLang's ``torch_native`` attention, the one a CPU without ``sgl_kernel`` has
-    (``layers/attention/torch_native_backend.py``), costs what the prefix cache and chunked
-    prefill are there to save: a prefill whose prompt starts with cached tokens (or continues
-    an earlier chunk) runs causal attention over the *whole* sequence, zero queries standing in
-    for the cached positions (lines 61-174: a 3-token turn after a 1,400-token cached prefix
-    took longer than a 1,400-token prompt's first half), and a decode step runs one SDPA call
-    per request and layer (lines 176-260, marked "inefficient" there). Here a prefill computes
-    only its new positions' queries against every key with the causal offset of its prefix,
-    and a decode step gathers every request's keys and values at once for one masked call per
-    layer; cross attention, encoder-only layers and sliding windows keep SGLang's path.
-    Registered under SGLang's own name (``attention_registry.py:217``), on CPUs only. Goes
-    when SGLang's native backend does both."""
+def _cpu_attention() -> None:
+    """SGLang's ``torch_native`` attention, the one a CPU without ``sgl_kernel`` has, loops
+    over a batch's requests in Python and recomputes cached prefixes
+    (``layers/attention/torch_native_backend.py:61-260``); ``cpu_attention.PagedAttention``
+    runs one attention call per layer over the paged pool instead (its docstring has the
+    figures). Registered under SGLang's own name (``attention_registry.py:217``), on CPUs only.
+    Goes when SGLang ships a batched torch-native paged attention."""
     import torch
 
     if torch.cuda.is_available():
         return
     from sglang.srt.layers.attention import attention_registry
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    from worker.engines.sglang.cpu_attention import PagedAttention
 
-    class NewPositionsOnlyBackend(TorchNativeAttnBackend):
-        def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token,
-                                     req_pool_indices, seq_lens, extend_prefix_lens,
-                                     extend_seq_lens, encoder_lens=None, scaling=None,
-                                     enable_gqa=False, causal=False, is_cross_attn=False,
-                                     sliding_window_size=None):  # fmt: skip
-            if (
-                encoder_lens is not None
-                or is_cross_attn
-                or sliding_window_size is not None
-                or (not causal)
-            ):
-                return super()._run_sdpa_forward_extend(
-                    query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                    extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa,
-                    causal, is_cross_attn, sliding_window_size,
-                )  # fmt: skip
-            heads_first = query.movedim(0, 1)  # (heads, tokens, dim)
-            start = 0
-            for i in range(seq_lens.shape[0]):
-                new, prefix, total = (int(extend_seq_lens[i]), int(extend_prefix_lens[i]),
-                                      int(seq_lens[i]))  # fmt: skip
-                q = heads_first[:, start : start + new]
-                slots = req_to_token[req_pool_indices[i], :total]
-                k, v = k_cache[slots].movedim(0, 1), v_cache[slots].movedim(0, 1)
-                if prefix:  # query j sits at position prefix + j
-                    rows = prefix + torch.arange(new, device=q.device)[:, None]
-                    mask = torch.arange(total, device=q.device)[None] <= rows
-                    out = sdpa(q[None], k[None].to(q.dtype), v[None].to(q.dtype),
-                               attn_mask=mask, scale=scaling, enable_gqa=enable_gqa)  # fmt: skip
-                else:
-                    out = sdpa(q[None], k[None].to(q.dtype), v[None].to(q.dtype),
-                               is_causal=True, scale=scaling, enable_gqa=enable_gqa)  # fmt: skip
-                output[start : start + new] = out[0].movedim(0, 1)
-                start += new
-            return output
+    attention_registry.ATTENTION_BACKENDS["torch_native"] = PagedAttention
 
-        def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token,
-                                     req_pool_indices, seq_lens, encoder_lens=None,
-                                     scaling=None, enable_gqa=False, causal=False,
-                                     is_cross_attn=False, sliding_window_size=None):  # fmt: skip
-            if encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
-                return super()._run_sdpa_forward_decode(
-                    query, output, k_cache, v_cache, req_to_token, req_pool_indices,
-                    seq_lens, encoder_lens, scaling, enable_gqa, causal, is_cross_attn,
-                    sliding_window_size,
-                )  # fmt: skip
-            longest = int(seq_lens.max())
-            slots = req_to_token[req_pool_indices, :longest]  # (requests, positions)
-            keys = k_cache[slots].transpose(1, 2)  # (requests, heads, positions, dim)
-            values = v_cache[slots].transpose(1, 2)
-            valid = torch.arange(longest, device=seq_lens.device)[None] < seq_lens[:, None]
-            out = sdpa(
-                query.unsqueeze(2).to(keys.dtype),  # (requests, heads, 1, dim)
-                keys,
-                values,
-                attn_mask=valid[:, None, None, :],
-                scale=scaling,
-                enable_gqa=enable_gqa,
-            )
-            output.copy_(out.squeeze(2))
-            return output
 
-    attention_registry.ATTENTION_BACKENDS["torch_native"] = NewPositionsOnlyBackend
+def _cpu_decoder_stack() -> None:
+    """The three model bodies the families run (``Qwen2Model.forward``,
+    ``models/qwen2.py:434-498``; ``Qwen2MoeModel.forward``, ``models/qwen2_moe.py:1159-1215``;
+    ``Qwen3MoeLLMModel.forward``, ``models/qwen3_vl_moe.py:85-168``) run their layers as one
+    plain loop over the layers' own weights on a CPU (``cpu_stack``: SGLang's per-layer
+    machinery is what CUDA graphs replay away on a GPU host, and most of a CPU decode step
+    here), for a model all of whose parts the stack knows; any other keeps SGLang's forward.
+    Goes when SGLang's CPU graph runner (``model_executor/cpu_graph_runner.py``) runs without
+    ``sgl_kernel``'s AMX attention."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from sglang.srt.models.qwen2 import Qwen2Model
+    from sglang.srt.models.qwen2_moe import Qwen2MoeModel
+    from sglang.srt.models.qwen3 import Qwen3Model
+    from sglang.srt.models.qwen3_vl_moe import Qwen3MoeLLMModel
+
+    from worker.engines.sglang import cpu_stack
+
+    for cls, body in (
+        (Qwen2Model, cpu_stack.plain_body),
+        (Qwen3Model, cpu_stack.plain_body),  # (it overrides Qwen2Model's, alike)
+        (Qwen2MoeModel, cpu_stack.plain_body),
+        (Qwen3MoeLLMModel, cpu_stack.deepstack_body),
+    ):
+        cls.forward = cpu_stack.replacing(cls.forward, body)
 
 
 _MASK = 0xFFFFFFFF
