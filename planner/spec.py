@@ -101,8 +101,9 @@ class BatchingSettings(Strict):
 
 
 class StreamingSettings(Strict):
-    """How a vocoder cuts a stream of codec frames into decodes (``stages.X.streaming.*``):
-    in the reference decode's blocks, streamed within each (worker.stages.vocoder_blocks)."""
+    """How a vocoder decodes a stream of codec frames (``stages.X.streaming.*``): in the
+    reference decode's blocks, each layer keeping its state within a block
+    (worker.stages.vocoder)."""
 
     block_frames: int = Field(
         300, ge=1, description="frames the reference decodes in one pass (chunked_decode)"
@@ -111,10 +112,10 @@ class StreamingSettings(Strict):
         25, ge=0, description="earlier frames decoded with each block but the first"
     )
     first_chunk_frames: int = Field(
-        4, ge=1, description="frames in a block's first step (the first packet)"
+        4, ge=1, description="frames in a stream's first step (the first packet)"
     )
     chunk_frames: int = Field(
-        10, ge=1, description="the largest step within a block (steps double from the first)"
+        10, ge=1, description="the largest step (steps double from the first)"
     )
 
 

@@ -6,10 +6,10 @@ blocks, 25 frames before each). Before, small chunks with 25 frames of context d
 reference after the first few seconds (the decoders' attention sees hundreds of frames back).
 
 The executors run in this process on the embedded tiny checkpoints (the stage code of the
-shipped specs) with 40-frame blocks (``block_frames``; the shipped 300 cost the same code a
-minute on two cores: each step re-decodes its block from the start), so replies of several
-blocks cost seconds, not a talker run each. Equal means to float rounding: windows of other
-lengths round a sample by one int16 step now and then."""
+shipped specs) with 100-frame blocks (``block_frames``), so that a reply crosses two; each
+layer keeps its state between steps (``worker.stages.vocoder``), so a frame is decoded once
+(plus each block's 25 context frames). Equal means to float rounding: sums over other lengths
+round a sample by one int16 step now and then."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from planner.spec import ModelSpec
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
 from worker.stages.base import DONE, OUT, RequestMeta, StageContext
-from worker.stages.vocoder_blocks import Blocks, BlockStream
+from worker.stages.vocoder import Schedule, Stream
 
 REPO = Path(__file__).resolve().parents[2]
-BLOCK = 40
-FRAMES = 150  # blocks of 40, 40, 40, 30
+BLOCK = 100
+FRAMES = 250  # blocks of 100, 100, 50: windows of 125 frames, past the 72-frame attention window
 TOLERANCE = 2  # int16 steps, as the reference tests allow
 
 
@@ -88,19 +88,23 @@ def random_codes(frames: int, groups: int, size: int, seed: int = 1) -> np.ndarr
     return np.random.default_rng(seed).integers(0, size, (frames, groups)).astype(np.int64)
 
 
-def test_block_steps_ramp_within_blocks_and_restart_at_each() -> None:
-    blocks = Blocks(block=300, context=25, first=1, chunk=8, upsample=10, lag=3)
-    s = BlockStream(blocks)
-    spans = []
-    while (job := s.job(700, ended=True)) is not None:
-        spans.append((job.window, job.end, job.keep_to - job.keep_from))
-        s.advance(job)
-    ends = [e for _, e, _ in spans]
+def test_steps_ramp_and_stop_at_block_ends() -> None:
+    schedule = Schedule(block=300, context=25, first=1, chunk=8, upsample=10)
+    s = Stream(frames=[np.zeros(2)] * 700, ended=True)
+    ends = []
+    while n := s.ready(schedule):
+        s.done += n
+        s.step = min(2 * (s.step or schedule.first), schedule.chunk)
+        ends.append(s.done)
     assert ends[:5] == [1, 3, 7, 15, 23] and 300 in ends and 600 in ends and ends[-1] == 700
-    assert all(w == 0 for w, e, _ in spans if e <= 300)  # the first block has no context
-    assert all(w == 275 for w, e, _ in spans if 300 < e <= 600)  # 25 frames before the block
-    # every sample of the reference's output once: each block 3 samples short, as its decode
-    assert sum(n for _, _, n in spans) == 700 * 10 - 3 * 3
+    assert all(b - a <= 8 for a, b in zip(ends, ends[1:], strict=False))
+    # an open stream waits for a whole step
+    s = Stream(frames=[np.zeros(2)] * 5)
+    s.done, s.step = 3, 4
+    assert s.ready(schedule) == 0
+    s.frames.append(np.zeros(2))
+    s.frames.append(np.zeros(2))
+    assert s.ready(schedule) == 4
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +131,7 @@ def test_tts_vocoder_streams_the_packages_decode(spec: str, cache: Path) -> None
     import torch
 
     ex = executor(spec, "vocoder", cache)
-    dec = ex.decoder
+    dec = ex.model
     size = dec.cfg["codebook_size"]
     codes = random_codes(FRAMES, dec.num_quantizers, size)
     with torch.inference_mode():
@@ -140,3 +144,42 @@ def test_tts_vocoder_streams_the_packages_decode(spec: str, cache: Path) -> None
     assert_equal_audio(
         stream(ex, codes, context=ref, seed=5), joined[..., 30 * dec.total_upsample :]
     )
+
+
+def test_streams_decoded_together_equal_each_alone(cache: Path) -> None:
+    """Streams at the same point decode as one batch (``batching.max_batch_size``): each is
+    still the reference's decode of its own codes."""
+    import torch
+
+    ex = executor("tiny-qwen3-tts", "vocoder", cache)
+    ex.ctx.stage.batching.max_batch_size = 3
+    dec = ex.model
+    size = dec.cfg["codebook_size"]
+    codes = [random_codes(130, dec.num_quantizers, size, seed=10 + i) for i in range(3)]
+    meta = RequestMeta("speech", frozenset({"audio"}))
+    pcm: dict[str, list[bytes]] = {f"r{i}": [] for i in range(3)}
+    done: set[str] = set()
+    sizes: list[int] = []
+    decode = ex.decoder.decode
+    ex.decoder.decode = lambda work: sizes.append(len(work)) or decode(work)
+    for i in range(3):
+        ex.start(f"r{i}", meta, {})
+    for at in range(0, 130, 5):  # every stream gets 5 frames, then the stage steps
+        for i in range(3):
+            ex.feed(f"r{i}", "talker", {"codes": codes[i][at : at + 5]})
+        for kind, rid, data in ex.step():
+            if kind == OUT:
+                pcm[rid].append(data[1].tobytes())
+    for i in range(3):
+        ex.end_stream(f"r{i}", "talker", {})
+    while len(done) < 3:
+        for kind, rid, data in ex.step():
+            if kind == OUT:
+                pcm[rid].append(data[1].tobytes())
+            elif kind == DONE:
+                done.add(rid)
+    assert sizes.count(3) > 10  # (the blocks' first steps and context decodes run alone)
+    for i in range(3):
+        with torch.inference_mode():
+            reference = dec.chunked(torch.from_numpy(codes[i].T[None]), BLOCK, 25)
+        assert_equal_audio(b"".join(pcm[f"r{i}"]), reference)

@@ -70,9 +70,7 @@ class PagedAttention(TorchNativeAttnBackend):
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
-        self.own_path = (
-            self.use_sliding_window_kv_pool or forward_batch.encoder_lens is not None
-        )
+        self.own_path = self.use_sliding_window_kv_pool or forward_batch.encoder_lens is not None
         if self.own_path:
             return
         mode = forward_batch.forward_mode
@@ -129,7 +127,9 @@ class PagedAttention(TorchNativeAttnBackend):
         dev = fb.seq_lens.device
         table = self.req_to_token_pool.req_to_token
         totals = [prefix[i] + new[i] for i in requests]
-        slots = torch.cat([table[fb.req_pool_indices[i], :t] for i, t in zip(requests, totals)])
+        slots = torch.cat(
+            [table[fb.req_pool_indices[i], :t] for i, t in zip(requests, totals, strict=True)]
+        )
         queries = None if whole else torch.cat(
             [torch.arange(starts[i], starts[i] + new[i], device=dev) for i in requests]
         )  # fmt: skip
@@ -137,17 +137,16 @@ class PagedAttention(TorchNativeAttnBackend):
             return _Rows(queries, slots, None, decode=False)
         counts_q = torch.tensor([new[i] for i in requests], device=dev)
         counts_k = torch.tensor(totals, device=dev)
-        request_of_query = torch.repeat_interleave(torch.arange(len(requests), device=dev), counts_q)
-        request_of_key = torch.repeat_interleave(torch.arange(len(requests), device=dev), counts_k)
+        index = torch.arange(len(requests), device=dev)
+        request_of_query = torch.repeat_interleave(index, counts_q)
+        request_of_key = torch.repeat_interleave(index, counts_k)
         first_key = torch.cumsum(counts_k, 0) - counts_k  # each request's first key
         first_query = torch.cumsum(counts_q, 0) - counts_q
         # a query's position in its request, and each key's
         q_pos = torch.arange(int(counts_q.sum()), device=dev) - first_query[request_of_query]
         q_pos = q_pos + torch.tensor([prefix[i] for i in requests], device=dev)[request_of_query]
         k_pos = torch.arange(int(counts_k.sum()), device=dev) - first_key[request_of_key]
-        mask = (request_of_query[:, None] == request_of_key[None]) & (
-            k_pos[None] <= q_pos[:, None]
-        )
+        mask = (request_of_query[:, None] == request_of_key[None]) & (k_pos[None] <= q_pos[:, None])
         return _Rows(queries, slots, mask[None, None], decode=False)
 
     # ---- the layers' calls ---------------------------------------------------------------
@@ -159,12 +158,12 @@ class PagedAttention(TorchNativeAttnBackend):
             or (layer.sliding_window_size is not None and layer.sliding_window_size > -1)
         )
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # noqa: ANN001, ANN201
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # type: ignore[no-untyped-def]
         if self._own(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.attend(q, k, v, layer, forward_batch, save_kv_cache)
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # noqa: ANN001, ANN201
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # type: ignore[no-untyped-def]
         if self._own(layer):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         return self.attend(q, k, v, layer, forward_batch, save_kv_cache)

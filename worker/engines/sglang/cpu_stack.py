@@ -376,7 +376,8 @@ def why_not(model: Any) -> str | None:
             return "attention without q/k norms, or a sliding window"
         if a.q_norm.variance_epsilon != a.k_norm.variance_epsilon:
             return "q and k norms of different epsilons"
-        if layer.input_layernorm.variance_epsilon != layer.post_attention_layernorm.variance_epsilon:
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if norms[0].variance_epsilon != norms[1].variance_epsilon:
             return "layer norms of different epsilons"
         linears = [a.qkv_proj, a.o_proj]
         mlp = layer.mlp

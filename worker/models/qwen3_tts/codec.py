@@ -12,6 +12,7 @@ without Mimi's own decoder.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -171,9 +172,9 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = _Scale(cfg["hidden_size"])
         self.mlp_layer_scale = _Scale(cfg["hidden_size"])
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None):
         x = x + self.self_attn_layer_scale.scale * self.self_attn(
-            self.input_layernorm(x), cos, sin, mask, None
+            self.input_layernorm(x), cos, sin, mask, cache
         )
         return x + self.mlp_layer_scale.scale * self.mlp(self.post_attention_layernorm(x))
 
@@ -196,21 +197,44 @@ class PreTransformer(nn.Module):
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
 
     def forward(self, x):  # (B, T, latent)
+        return self.step(x, self.fresh())
+
+    def fresh(self) -> _Window:
+        return _Window([[None, None] for _ in self.layers])
+
+    def step(self, x: torch.Tensor, state: _Window) -> torch.Tensor:
+        """The next frames ``(B, T, latent)`` of a sequence whose earlier frames' keys and
+        values ``state`` holds (at most the window's; ``fresh()``: none): causal attention
+        within the sliding window, a query seeing itself and the window - 1 keys before it."""
         x = self.input_proj(x)
         t = x.shape[1]
-        pos = torch.arange(t, device=x.device)
+        past = 0 if state.layers[0][0] is None else int(state.layers[0][0].shape[2])
+        pos = torch.arange(state.position, state.position + t, device=x.device)
         cos, sin = rope_cos_sin(
             pos[None], self.head_dim, float(self.cfg.get("rope_theta", 1e4)), x.dtype
         )
-        # Causal with a sliding window: a query sees itself and the window - 1 keys before it.
-        dist = pos[:, None] - pos[None, :]
-        allowed = (dist >= 0) & (dist < int(self.cfg.get("sliding_window") or t + 1))
-        mask = torch.zeros(t, t, dtype=x.dtype, device=x.device)
+        keys = torch.arange(state.position - past, state.position + t, device=x.device)
+        dist = pos[:, None] - keys[None, :]
+        window = int(self.cfg.get("sliding_window") or 0) or state.position + t + 1
+        allowed = (dist >= 0) & (dist < window)
+        mask = torch.zeros(t, past + t, dtype=x.dtype, device=x.device)
         mask.masked_fill_(~allowed, torch.finfo(x.dtype).min)
-        mask = mask[None, None]
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+        for layer, cache in zip(self.layers, state.layers, strict=True):
+            x = layer(x, cos, sin, mask[None, None], cache)
+            drop = cache[0].shape[2] - (window - 1)  # what no later frame sees
+            if drop > 0:
+                cache[0], cache[1] = cache[0][:, :, drop:], cache[1][:, :, drop:]
+        state.position += t
         return self.output_proj(self.norm(x))
+
+
+@dataclass(slots=True)
+class _Window:
+    """A sequence's keys and values per layer (``[k, v]``, ``(B, kv heads, frames, dim)``),
+    at most the sliding window's last ones, and how many frames it has had."""
+
+    layers: list[list[Any]]
+    position: int = 0
 
 
 class SpeechDecoder(nn.Module):
@@ -250,6 +274,11 @@ class SpeechDecoder(nn.Module):
             h = block(h)
         return h.clamp(-1, 1)
 
+    def streamed(self) -> tuple[_StreamFront, list[nn.Module]]:
+        """What ``worker.stages.vocoder`` streams: the frame-rate part (codebooks, the causal
+        pre-convolution, the transformer) and the convolutional layers after it, in order."""
+        return _StreamFront(self), [*self.upsample, *self.decoder]
+
     def chunked(
         self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25
     ) -> torch.Tensor:
@@ -263,6 +292,26 @@ class SpeechDecoder(nn.Module):
             out.append(wav[..., ctx * self.total_upsample :])
             start = end
         return torch.cat(out, dim=-1)
+
+
+class _StreamFront:
+    """``SpeechDecoder.forward`` up to its convolutions, a few frames at a time: the codebooks
+    per frame, the pre-convolution with its last inputs kept, the transformer with its keys
+    and values (``PreTransformer.step``)."""
+
+    def __init__(self, decoder: SpeechDecoder) -> None:
+        from worker.stages.vocoder import ConvPart
+
+        self.decoder = decoder
+        self.pre_conv = ConvPart([decoder.pre_conv])
+
+    def fresh(self) -> tuple[list[Any], _Window]:
+        return self.pre_conv.fresh(), self.decoder.pre_transformer.fresh()
+
+    def __call__(self, codes: torch.Tensor, state: tuple[list[Any], _Window]) -> torch.Tensor:
+        d = self.decoder
+        h = self.pre_conv(d.quantizer.decode(codes), state[0]).transpose(1, 2)
+        return d.pre_transformer.step(h, state[1]).transpose(1, 2)
 
 
 class SpeechTokenizer(nn.Module):

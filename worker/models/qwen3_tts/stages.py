@@ -6,10 +6,11 @@
   codes from the speech tokenizer's encoder (component ``speech_tokenizer`` / ``encoder``).
 * ``tts_engine`` (component: the root model, talker + speaker encoder) builds each talker prompt
   and steps all running requests together, one frame each per step, streaming every frame on.
-* ``vocoder`` (``speech_tokenizer`` / ``decoder``) decodes frames in the package's blocks (300
-  frames, 25 before each) and streams within each block in steps that ramp up (1, 2, 4, ...
-  frames up to ``chunk_frames``: the first audio needs one talker step), so that the streamed
-  waveform is the package's decode at any length (``worker.stages.vocoder_blocks``).
+* ``vocoder`` (``speech_tokenizer`` / ``decoder``) decodes frames as they come, each layer
+  keeping its state between steps, in the package's blocks (300 frames, 25 before each), in
+  steps that ramp up (1, 2, 4, ... frames up to ``chunk_frames``: the first audio needs one
+  talker step): the streamed waveform is the package's decode at any length, at the cost of
+  one decode of each frame (``worker.stages.vocoder``).
 
 A request's options arrive typed (``RequestInput.speech``: language, instructions, reference
 text, and ``voice_key``: an uploaded voice's content hash, under which its reference codes and
@@ -34,7 +35,6 @@ from worker.stages.base import (
     DONE,
     END,
     INVALID,
-    OUT,
     Output,
     RequestMeta,
     RequestPreprocessor,
@@ -42,7 +42,7 @@ from worker.stages.base import (
     check_prompt,
 )
 from worker.stages.request import RequestInput, SpeechOptions
-from worker.stages.vocoder_blocks import Blocks, BlockStream, Job
+from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
 
 if TYPE_CHECKING:
     from worker.models.qwen3_tts.engine import TalkerEngine
@@ -394,22 +394,16 @@ class TTSEngineExecutor(StageExecutor):
         return outs
 
 
-@dataclass
-class _Stream:
-    progress: BlockStream
-    frames: list[np.ndarray] = field(default_factory=list)
-    ended: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
+class TTSVocoderExecutor(VocoderExecutor):
+    """The speech tokenizer's decoder, streamed (``worker.stages.vocoder``) in the package's
+    blocks (``SpeechDecoder.chunked``: 300 frames, each with 25 before it)."""
 
-
-class TTSVocoderExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
         from worker.models.qwen3_tts.codec import SpeechDecoder
         from worker.models.qwen3_tts.weights import load_stage_weights
 
-        self.torch = torch
         comp = self.ctx.stage.component
         st_dir = self.ctx.checkpoint / (comp.config_dir if comp else "speech_tokenizer")
         cfg = json.loads((st_dir / "config.json").read_text())
@@ -424,79 +418,25 @@ class TTSVocoderExecutor(StageExecutor):
             dtype=torch_dtype(self.ctx.stage.dtype),
             component=comp,
         )
-        self.decoder = dec.eval()
-        self.upsample = dec.total_upsample
-        s = self.ctx.stage.streaming
-        # the package's decode: 300-frame blocks with 25 frames before each (SpeechDecoder.chunked)
-        self.blocks = Blocks(
-            s.block_frames, s.left_context_frames, s.first_chunk_frames, s.chunk_frames,
-            self.upsample,
-        )  # fmt: skip
-        self.streams: dict[str, _Stream] = {}
+        self.model = dec.eval()
+        front, convs = dec.streamed()
+        schedule = self.streaming_schedule(dec.total_upsample)
+        self.decoder = StreamedDecoder(front, ConvPart(convs), schedule, self.ctx.device)
+        self.init_streams()
 
     def warmup(self) -> None:
-        groups = self.decoder.num_quantizers
-        with self.torch.inference_mode():
-            wav = self.decoder(self.torch.zeros(1, groups, 2, dtype=self.torch.long))
-        if wav.shape[-1] != 2 * self.upsample:  # (every decode is whole: no lag to stream)
+        import torch
+
+        groups = self.model.num_quantizers
+        with torch.inference_mode():
+            wav = self.model(torch.zeros(1, groups, 2, dtype=torch.long, device=self.ctx.device))
+        if wav.shape[-1] != 2 * self.model.total_upsample:  # (no lag: every sample streams)
             raise RuntimeError(f"the decoder gave {wav.shape[-1]} samples for 2 frames")
 
-    def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.streams.setdefault(rid, _Stream(BlockStream(self.blocks)))
-
     def feed(self, rid: str, src: str, data: Any) -> None:
-        s = self.streams.get(rid)
-        if s is None:
-            return
         if "context" in data:
             # a cloned voice's reference codes: decoded first, as the package decodes the
             # reference and the reply in one sequence, and their audio never sent
-            ctx = list(np.asarray(data["context"], dtype=np.int64))
-            s.frames[:0] = ctx
-            s.progress = BlockStream.after(self.blocks, len(ctx))
+            self.hide(rid, data["context"])
         else:
-            s.frames.extend(np.asarray(data["codes"], dtype=np.int64))
-
-    def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
-        s = self.streams.get(rid)
-        if s is not None:
-            s.ended, s.info = True, dict(info)
-
-    def abort(self, rid: str) -> None:
-        self.streams.pop(rid, None)
-
-    def next_deadline(self) -> float | None:
-        ready = any(s.progress.job(len(s.frames), s.ended) for s in self.streams.values())
-        return 0.0 if ready or any(s.ended for s in self.streams.values()) else None
-
-    def queue_depth(self) -> int:
-        return len(self.streams)
-
-    def step(self) -> list[Output]:
-        """One step for every stream that has one ready; windows of equal length decode as
-        one batch of up to ``batching.max_batch_size`` (1: every window alone, so the bytes
-        never depend on what else runs: batched convolutions round differently)."""
-        torch = self.torch
-        outs: list[Output] = []
-        jobs: dict[int, list[tuple[str, _Stream, Job]]] = {}
-        for rid, s in self.streams.items():
-            job = s.progress.job(len(s.frames), s.ended)
-            if job is not None:
-                jobs.setdefault(job.end - job.window, []).append((rid, s, job))
-        cap = max(1, self.ctx.stage.batching.max_batch_size)
-        groups = [g[i : i + cap] for g in jobs.values() for i in range(0, len(g), cap)]
-        for group in groups:
-            windows = np.stack([np.stack(s.frames[j.window : j.end]).T for _, s, j in group])
-            with torch.inference_mode():
-                wavs = self.decoder(torch.from_numpy(windows).to(self.ctx.device))
-            wavs = wavs.float().cpu().numpy()[:, 0]
-            for (rid, s, job), wav in zip(group, wavs, strict=True):
-                part = wav[job.keep_from : job.keep_to]
-                pcm = np.clip(np.round(part * 32767.0), -32768, 32767).astype("<i2")
-                outs.append((OUT, rid, ("audio", pcm)))
-                s.progress.advance(job)
-        for rid, s in list(self.streams.items()):
-            if s.ended and s.progress.done >= len(s.frames):
-                del self.streams[rid]
-                outs.append((DONE, rid, s.info))
-        return outs
+            super().feed(rid, src, data)
