@@ -1,12 +1,10 @@
 """The staged Qwen3-Omni pipeline against transformers' own ``generate``, in one run (by hand):
 
     python bench/bench_qwen3_omni.py [--requests 32] [--concurrency 8] [--max-tokens 24]
-                                     [--talkers sglang transformers]
 
 1. A real ``omni-worker`` (tiny-omni, CPU, every stage group in its own process) serves chat
-   requests with speech output (greedy: every engine does the same work) at concurrency 1 and
-   at the given concurrency: requests/s and audio seconds/s; once per talker engine
-   (``--talkers``: SGLang's scheduler, tiny-omni's, and the project's torch engine).
+   requests with speech output (greedy: every run does the same work) at concurrency 1 and at
+   the given concurrency: requests/s and audio seconds/s.
 2. One streamed request: when its first audio chunk arrives against when its last text delta
    arrives (the thinker's end): streaming edges put audio out while the thinker still writes.
 3. The worker stops; ``Qwen3OmniMoeForConditionalGeneration.generate`` on the same checkpoint
@@ -114,18 +112,11 @@ def reference(checkpoint: Path, texts: list[str], max_tokens: int, talker_max: i
     return time.perf_counter() - t0, audio_s
 
 
-def serve(talker: str, cache: Path, port: int) -> subprocess.Popen:
-    """A worker on tiny-omni with its talker on ``talker``, ready."""
-    import yaml
-
-    raw = yaml.safe_load(SPEC.read_text())
-    raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
-    raw["stages"]["talker"]["engine"]["backend"] = talker
-    spec = cache / f"tiny-omni-{talker}.yaml"
-    spec.write_text(yaml.safe_dump(raw))
-    log = open(cache / f"worker-{talker}.log", "wb")  # noqa: SIM115 - lives as long as the worker
+def serve(cache: Path, port: int) -> subprocess.Popen:
+    """A worker on tiny-omni, ready."""
+    log = open(cache / "worker.log", "wb")  # noqa: SIM115 - lives as long as the worker
     worker = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "--spec", str(spec), "--gpus", "cpu",
+        [sys.executable, "-m", "worker.cli", "--spec", str(SPEC), "--gpus", "cpu",
          "--port", str(port), "--cache-dir", str(cache)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
     )  # fmt: skip
@@ -148,7 +139,6 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--reference-requests", type=int, default=8)
-    ap.add_argument("--talkers", nargs="+", default=["sglang", "transformers"])
     args = ap.parse_args()
     import yaml
 
@@ -158,29 +148,28 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     texts = prompts(args.requests)
     staged_rps = 0.0
-    for talker in args.talkers:
-        worker = serve(talker, cache, port)
-        try:
-            for c in (1, args.concurrency):
-                wall, audio = asyncio.run(staged(url, texts, c, args.max_tokens))
-                staged_rps = args.requests / wall
-                print(f"talker on {talker}, c={c}: {args.requests} requests in {wall:.1f} s = "
-                      f"{staged_rps:.2f} req/s, {audio / wall:.2f} audio s/s")  # fmt: skip
-            first_audio, last_text = streamed(url, 48)
-            print(
-                f"talker on {talker}, streamed request: first audio at "
-                f"{first_audio * 1000:.0f} ms, last text delta at {last_text * 1000:.0f} ms"
-            )
-        finally:
-            worker.terminate()
-            worker.wait(60)
+    worker = serve(cache, port)
+    try:
+        for c in (1, args.concurrency):
+            wall, audio = asyncio.run(staged(url, texts, c, args.max_tokens))
+            staged_rps = args.requests / wall
+            print(f"c={c}: {args.requests} requests in {wall:.1f} s = "
+                  f"{staged_rps:.2f} req/s, {audio / wall:.2f} audio s/s")  # fmt: skip
+        first_audio, last_text = streamed(url, 48)
+        print(
+            f"streamed request: first audio at {first_audio * 1000:.0f} ms, last text delta at "
+            f"{last_text * 1000:.0f} ms"
+        )
+    finally:
+        worker.terminate()
+        worker.wait(60)
     (checkpoint,) = [p for p in cache.iterdir() if p.is_dir() and p.name.startswith("tiny-omni")]
     ref_texts = texts[: args.reference_requests]
     ref_wall, ref_audio = reference(checkpoint, ref_texts, args.max_tokens, talker_max)
     ref_rps = len(ref_texts) / ref_wall
     print(f"generate, one at a time: {len(ref_texts)} requests in {ref_wall:.1f} s = "
           f"{ref_rps:.2f} req/s, {ref_audio / ref_wall:.2f} audio s/s")  # fmt: skip
-    print(f"ratio (the last talker engine at c={args.concurrency}): "
+    print(f"ratio (the worker at c={args.concurrency}): "
           f"{staged_rps / ref_rps:.1f}x requests/s")  # fmt: skip
 
 

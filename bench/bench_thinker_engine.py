@@ -1,13 +1,13 @@
 """The thinker's engine, measured over HTTP on tiny-omni text chat: SGLang's scheduler under the
-worker (``engine.backend: sglang``, what tiny-omni runs) against the project's torch engine
-(``backend: transformers``) and against bare SGLang (``sglang.Engine``, its own processes,
-on the same checkpoint and token ids), plus what only the SGLang engine does:
+worker against bare SGLang (``sglang.Engine``, its own processes, on the same checkpoint and
+token ids, with the same platform and the vendor layer's patches: ``bare_sglang_speed``), plus
+what the engine does beyond speed:
 
 - speed: tokens/s and time to first token at concurrency 1 and 8 (16 requests of 64 tokens);
 - prefix: time to first token of a prompt whose 1,400-token start was computed before (warm)
   against one whose start is new (cold);
 - chunked prefill: the longest gap between the text deltas of four running streams while one
-  1,800-token prompt is prefilled, against their median gap (on both of the worker's engines);
+  1,800-token prompt is prefilled, against their median gap;
 - spoken: a voice conversation's second turn (its first turn a long system prompt and a 10 s
   clip, answered with speech, then a short text turn), time to first audio when the first
   turn's prompt is cached (the clip's hidden states kept for the talker, the clip encoded
@@ -15,8 +15,8 @@ on the same checkpoint and token ids), plus what only the SGLang engine does:
 
     python bench/bench_thinker_engine.py [--only speed|prefix|chunked|spoken] [--no-encoder-cache]
 
-Run by hand on an otherwise idle machine (the three engines one after another); prints one
-JSON line per part.
+Run by hand on an otherwise idle machine (the worker, then bare SGLang); prints one JSON line
+per part. ``bench/bench_engines.py`` compares the worker with an earlier one's.
 """
 
 from __future__ import annotations
@@ -47,18 +47,15 @@ SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 NEW_TOKENS = 64
 
 
-def spec_with(
-    backend: str, tmp: Path, encoder_cache: bool = True, prefill_chunk: int | None = None
-) -> str:
+def spec_with(tmp: Path, encoder_cache: bool = True, prefill_chunk: int | None = None) -> str:
     raw = yaml.safe_load(SPEC.read_text())
     raw["model_dir"] = str(REPO / "configs" / "hf" / "tiny-omni")
-    raw["stages"]["thinker"]["engine"]["backend"] = backend
     if prefill_chunk is not None:
         raw["stages"]["thinker"]["engine"]["prefill_chunk_tokens"] = prefill_chunk
     if not encoder_cache:
         for encoder in ("audio_encoder", "image_encoder"):
             raw["stages"][encoder].setdefault("engine", {})["encoder_cache_bytes"] = 0
-    path = tmp / f"tiny-omni-{backend}.yaml"
+    path = tmp / "tiny-omni.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
 
@@ -179,10 +176,11 @@ engine.shutdown()
 def bare_sglang_speed(checkpoint: Path) -> dict:
     """sglang.Engine in processes of its own (tokenizer manager, scheduler, detokenizer), on the
     token ids the worker's chat template gives the same prompts. Its processes import SGLang
-    afresh, so a ``sitecustomize`` applies the vendor layer's import patches in each."""
+    afresh, so a ``sitecustomize`` loads it through the vendor layer in each (the platform's
+    attention backend, the CPU decoder stack, every patch: what the worker runs)."""
     site = Path(tempfile.mkdtemp(prefix="bench-sglang-site-"))
     (site / "sitecustomize.py").write_text(
-        "from worker.engines.sglang import patches\npatches.before_import()\n"
+        "from worker.engines import sglang as vendor\nvendor.load()\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{site}:{REPO}"}
     prompts = json.dumps([prompt(i) for i in range(16)])
@@ -326,26 +324,21 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-thinker-"))
     parts = [args.only] if args.only else ["speed", "prefix", "chunked", "spoken"]
-    for backend in ("sglang", "transformers"):
-        if backend == "transformers" and not {"speed", "chunked"} & set(parts):
-            break
-        spec = spec_with(backend, tmp, not args.no_encoder_cache, args.prefill_chunk_tokens)
-        ns = argparse.Namespace(spec=spec, cache_dir=args.cache_dir)
-        proc, url = start_worker(ns)
-        try:
-            if "speed" in parts:
-                result = asyncio.run(speed_over_http(url))
-                print(json.dumps({"part": "speed", "engine": f"worker/{backend}", **result}))
-            if backend == "sglang" and "prefix" in parts:
-                print(json.dumps({"part": "prefix", **asyncio.run(prefix(url))}))
-            if "chunked" in parts:
-                result = asyncio.run(chunked(url))
-                print(json.dumps({"part": "chunked", "engine": f"worker/{backend}", **result}))
-            if backend == "sglang" and "spoken" in parts:
-                print(json.dumps({"part": "spoken", **asyncio.run(spoken(url))}))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    spec = spec_with(tmp, not args.no_encoder_cache, args.prefill_chunk_tokens)
+    proc, url = start_worker(argparse.Namespace(spec=spec, cache_dir=args.cache_dir))
+    try:
+        if "speed" in parts:
+            result = asyncio.run(speed_over_http(url))
+            print(json.dumps({"part": "speed", "engine": "worker", **result}))
+        if "prefix" in parts:
+            print(json.dumps({"part": "prefix", **asyncio.run(prefix(url))}))
+        if "chunked" in parts:
+            print(json.dumps({"part": "chunked", **asyncio.run(chunked(url))}))
+        if "spoken" in parts:
+            print(json.dumps({"part": "spoken", **asyncio.run(spoken(url))}))
+    finally:
+        proc.terminate()
+        proc.wait(30)
     if "speed" in parts:
         checkpoint = next(Path(args.cache_dir).glob("tiny-omni-*"))
         print(json.dumps({"part": "speed", "engine": "bare sglang.Engine",

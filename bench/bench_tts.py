@@ -1,18 +1,21 @@
-"""Qwen3-TTS: omni-worker vs the official ``qwen-tts`` package on the same tiny checkpoint.
+"""Qwen3-TTS on one worker: replies of increasing length, whole and streamed, by hand.
 
-    python bench/bench_tts.py [--requests 16] [--max-new-tokens 48] [--concurrency 8]
+    python bench/bench_tts.py [--lengths 64 200 400] [--requests 8] [--concurrency 4]
+                              [--official]
 
 The checkpoint is the tiny CustomVoice one written by the official classes (the equality
-tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing). The package
-runs its requests one at a time (it is a library: one ``generate_custom_voice`` call per
-caller); the worker serves the same requests over HTTP at ``--concurrency``. Both produce the
-same number of frames per request (greedy, no end-of-speech on random weights). The worker runs
-with its talker on SGLang (the specs' backend) and on the project's torch engine, one after
-the other. Reported: audio seconds per wall second for each, their ratio to the package's, and
-the worker's time to the first audio packet (streamed pcm) at concurrency 1. The worker also
-runs the same requests sampled as the checkpoint says (its default: talker and sub-talker at
-temperature 0.9, top-k 50; each request seeded), where a request may end early: its audio
-seconds are what it produced. Prints a table and one JSON line.
+tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing), served by the
+``tiny-qwen3-tts`` spec with ``max_new_tokens`` set to each length (greedy: no end-of-speech
+on random weights, so every reply has ``length - 1`` frames, 80 ms each). For each length the
+worker serves ``--requests`` replies at concurrency 1 and ``--concurrency``:
+
+- whole: ``response_format: pcm`` read at once; audio seconds per wall second;
+- streamed: ``stream: true``; audio seconds per wall second and the median time to the first
+  audio bytes.
+
+``--official`` also runs the official ``qwen-tts`` package on the same requests one at a time
+(a library: one ``generate_custom_voice`` call per caller) at the first length, for its audio
+seconds per wall second. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -37,106 +40,75 @@ from tests.worker_procs import WorkerProcess  # noqa: E402
 NAME = "tiny-qwen3-tts-custom-voice"
 
 
-async def _one(client: httpx.AsyncClient, url: str, i: int, sampled: bool) -> float:
-    body = {
-        "model": "tiny-qwen3-tts",
-        "input": f"Request number {i} of the benchmark.",
-        "voice": ["eric", "ryan", "vivian"][i % 3],
-        "language": "English",
-        "response_format": "pcm",
-        **({"seed": i} if sampled else {"temperature": 0}),
-    }
-    r = await client.post(url + "/v1/audio/speech", json=body, timeout=600)
-    r.raise_for_status()
-    return len(r.content) / 2 / 24_000
+async def _one(client: httpx.AsyncClient, url: str, i: int, stream: bool) -> tuple[float, float]:
+    """One greedy reply: (its audio seconds, seconds to its first audio bytes)."""
+    body = {"model": "tiny-qwen3-tts", "input": f"Request number {i} of the benchmark.",
+            "voice": ["eric", "ryan", "vivian"][i % 3], "language": "English",
+            "response_format": "pcm", "temperature": 0, "stream": stream}  # fmt: skip
+    t0 = time.perf_counter()
+    first, size = None, 0
+    async with client.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
+        r.raise_for_status()
+        async for chunk in r.aiter_bytes():
+            if chunk and first is None:
+                first = time.perf_counter() - t0
+            size += len(chunk)
+    return size / 2 / 24_000, first or 0.0
 
 
-async def _throughput(
-    url: str, n: int, concurrency: int, sampled: bool = False
-) -> tuple[float, float]:
+async def _run(url: str, n: int, concurrency: int, stream: bool) -> dict[str, float]:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient() as client:
 
-        async def run(i: int) -> float:
+        async def gated(i: int) -> tuple[float, float]:
             async with sem:
-                return await _one(client, url, i, sampled)
+                return await _one(client, url, i, stream)
 
-        await _one(client, url, 999, sampled)  # warm-up
+        await _one(client, url, 999, stream)  # warm-up
         t0 = time.perf_counter()
-        seconds = sum(await asyncio.gather(*(run(i) for i in range(n))))
-        return seconds, time.perf_counter() - t0
-
-
-def _first_packet(url: str, tries: int = 5) -> list[float]:
-    out = []
-    for i in range(tries):
-        body = {"model": "tiny-qwen3-tts", "input": f"first packet {i}", "voice": "vivian",
-                "response_format": "pcm", "stream": True, "temperature": 0}  # fmt: skip
-        t0 = time.perf_counter()
-        first = None
-        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
-            for chunk in r.iter_bytes():
-                if chunk and first is None:
-                    first = time.perf_counter() - t0
-        out.append(first)
-    return out
+        done = await asyncio.gather(*(gated(i) for i in range(n)))
+        wall = time.perf_counter() - t0
+    return {
+        "audio_s_per_s": sum(s for s, _ in done) / wall,
+        "first_audio_ms": 1000 * statistics.median(f for _, f in done),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--official-result", help="reuse the package's JSON of an earlier run")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 200, 400])
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--official", action="store_true", help="also run the qwen-tts package")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-tts-"))
     checkpoint = ref.official_checkpoints([NAME], tmp)[NAME]
-
-    if args.official_result:
-        official = json.loads(Path(args.official_result).read_text())
-    else:
-        ref.run_official(
-            [{"cmd": "bench", "checkpoint": str(checkpoint), "n": args.requests,
-              "max_new_tokens": args.max_new_tokens, "out": str(tmp / "official.json")}],
-            tmp,
-        )  # fmt: skip
-        official = json.loads((tmp / "official.json").read_text())
-
-    spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, args.max_new_tokens)
-    theirs = official["audio_seconds"] / official["wall_seconds"]
-    result: dict = {
-        "requests": args.requests,
-        "frames_per_request": args.max_new_tokens - 1,
-        "official_audio_s_per_s": round(theirs, 3),
-    }
-    c = args.concurrency
-    print(f"{'':40}audio s / wall s")
-    print(f"{'qwen-tts, one at a time':40}{theirs:8.3f}")
-    for backend in ("sglang", "transformers"):  # the talker on SGLang, on the project's engine
-        worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp),
-                               "--tts_engine.engine.backend", backend)  # fmt: skip
+    result: dict = {"requests": args.requests, "rows": []}
+    print(f"{'frames':>6} {'c':>2} {'mode':8} {'audio s/s':>10} {'first audio ms':>15}")
+    for length in args.lengths:
+        spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, length)
+        worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
         try:
             worker.wait_ready(timeout=300)
-            first = _first_packet(worker.url)
-            greedy = {n: asyncio.run(_throughput(worker.url, args.requests, n)) for n in (1, c)}
-            sampled = {
-                n: asyncio.run(_throughput(worker.url, args.requests, n, sampled=True))
-                for n in (1, c)
-            }
+            for c in (1, args.concurrency):
+                for stream in (False, True):
+                    got = asyncio.run(_run(worker.url, args.requests, c, stream))
+                    mode = "streamed" if stream else "whole"
+                    row = {"frames": length - 1, "concurrency": c, "mode": mode, **got}
+                    result["rows"].append(row)
+                    print(f"{length - 1:>6} {c:>2} {mode:8} {got['audio_s_per_s']:>10.2f} "
+                          f"{got['first_audio_ms']:>15.0f}")  # fmt: skip
         finally:
             worker.stop()
-        for n in (1, c):
-            ours = greedy[n][0] / greedy[n][1]
-            result[f"{backend}_c{n}_audio_s_per_s"] = round(ours, 3)
-            result[f"{backend}_sampled_c{n}_audio_s_per_s"] = round(
-                sampled[n][0] / sampled[n][1], 3
-            )
-            rate = sampled[n][0] / sampled[n][1]
-            print(f"{f'talker on {backend}, concurrency {n}':40}{ours:8.3f}  "
-                  f"({ours / theirs:.1f}x; sampled {rate:.3f})")  # fmt: skip
-        result[f"{backend}_first_packet_ms_median"] = round(1000 * statistics.median(first), 1)
-        print(f"first audio packet, talker on {backend} (streamed, c=1): "
-              f"{result[f'{backend}_first_packet_ms_median']} ms median")  # fmt: skip
+    if args.official:
+        out = tmp / "official.json"
+        job = {"cmd": "bench", "checkpoint": str(checkpoint), "n": args.requests,
+               "max_new_tokens": args.lengths[0], "out": str(out)}  # fmt: skip
+        ref.run_official([job], tmp)
+        official = json.loads(out.read_text())
+        theirs = official["audio_seconds"] / official["wall_seconds"]
+        result["official_audio_s_per_s"] = theirs
+        print(f"qwen-tts, {args.lengths[0] - 1} frames, one at a time: {theirs:.2f} audio s/s")
     print(json.dumps(result))
 
 

@@ -3,7 +3,6 @@ concurrency 1, and throughput at concurrency 1 vs 8 (step batching should make 8
 in total).
 
     python bench/bench_worker.py [--requests 16] [--max-tokens 64] [--cache DIR] [--json]
-    python bench/bench_worker.py --kv      # the step-batching KV strategies, in-process
     python bench/bench_worker.py --layouts # one process, the tiny layout, a process per stage
 
 Run by hand on an otherwise idle machine. ``bench/bench_worker_http.py`` measures the same
@@ -149,13 +148,19 @@ def _traffic(eng: PipelineEngine) -> tuple[int, int, int]:
 
 async def bench_layouts(args: argparse.Namespace) -> dict:
     """The same chat+audio requests on three process layouts of tiny-omni, one after another:
-    the tiny spec's (talker and code2wav share a process), every stage in one process (every
-    edge handed over in place) and every stage in its own (every edge serialised)."""
+    the tiny spec's (talker and code2wav share a process), every stage but the thinker in one
+    process (those edges handed over in place; the thinker and the talker each run an SGLang
+    engine, one a process) and every stage in its own (every edge serialised)."""
     os.environ["OMNI_STAGE_THREADS"] = "1"  # the same threads per stage in every layout
     spec = ModelSpec.model_validate_json(json.dumps(__import__("yaml").safe_load(SPEC.read_text())))
     cache = Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-"))
     stages = list(spec.stages)
-    layouts = {"tiny": None, "one-process": {"all": stages}, "split": {s: [s] for s in stages}}
+    rest = [s for s in stages if s != "thinker"]
+    layouts = {
+        "tiny": None,
+        "two-processes": {"thinker": ["thinker"], "rest": rest},
+        "split": {s: [s] for s in stages},
+    }
     report: dict = {}
     for name, groups in layouts.items():
         eng = PipelineEngine(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
@@ -188,69 +193,6 @@ async def bench_layouts(args: argparse.Namespace) -> dict:
     return report
 
 
-def bench_kv(cache: Path, batch: int = 8, context: int = 256, steps: int = 32) -> dict:
-    """One decode step for ``batch`` requests with ``context`` cached tokens each, two ways:
-    the persistent left-padded batch cache the runtime uses (KVBatch), and per-request caches
-    padded and stacked into a batch at every step, then split again."""
-    import torch
-    from transformers import DynamicCache
-
-    from worker.models.checkpoint import load_component, resolve_checkpoint
-    from worker.stages.kvbatch import KVBatch, _lpad
-
-    torch.set_num_threads(1)
-    spec = ModelSpec.model_validate(__import__("yaml").safe_load(SPEC.read_text()))
-    model = load_component(resolve_checkpoint(spec, SPEC, cache), "thinker", "", "fp32", "cpu")
-    embed = model.get_input_embeddings()
-    out: dict = {}
-    with torch.inference_mode():
-        prompts = [torch.randint(0, 256, (1, context - 7 * i)) for i in range(batch)]
-        pre = [model(inputs_embeds=embed(p), use_cache=True) for p in prompts]
-        # snapshot per-request caches first: KVBatch takes over (and grows) the first one
-        per_req = [[(la.keys.clone(), la.values.clone()) for la in p.cache.layers] for p in pre]
-        kv = KVBatch()
-        for i, p in enumerate(pre):
-            kv.join(str(i), p.cache, prompts[i].shape[1])
-        pos = torch.tensor([p.shape[1] for p in prompts])
-        x = embed(torch.zeros(batch, 1, dtype=torch.long))
-        valid = torch.ones(batch, dtype=torch.bool)
-        t0 = time.perf_counter()
-        for s in range(steps):
-            kv.step(model, x, valid, pos + s, False)
-        out["left_padded_batch_ms_per_step"] = round(1000 * (time.perf_counter() - t0) / steps, 2)
-        lens = [p.shape[1] for p in prompts]
-        t0 = time.perf_counter()
-        for s in range(steps):
-            width = max(lens)
-            cache = DynamicCache()
-            for li in range(len(per_req[0])):
-                k = torch.cat([_lpad(r[li][0], width) for r in per_req])
-                v = torch.cat([_lpad(r[li][1], width) for r in per_req])
-                cache.update(k, v, li)
-            mask = torch.stack(
-                [torch.cat([torch.zeros(width - n, dtype=torch.long), torch.ones(n + 1,
-                 dtype=torch.long)]) for n in lens]
-            )  # fmt: skip
-            res = model(inputs_embeds=x, attention_mask=mask, position_ids=(pos + s)[:, None],
-                        cache=cache, use_cache=True)  # fmt: skip
-            for i in range(batch):  # split back: keep each request's real columns
-                keep = lens[i] + 1
-                per_req[i] = [
-                    (la.keys[i : i + 1, :, -keep:], la.values[i : i + 1, :, -keep:])
-                    for la in res.cache.layers
-                ]
-                lens[i] += 1
-        out["stack_per_step_ms_per_step"] = round(1000 * (time.perf_counter() - t0) / steps, 2)
-        t0 = time.perf_counter()
-        single = model(inputs_embeds=embed(prompts[0]), use_cache=True).cache
-        for _ in range(steps):
-            model(inputs_embeds=x[:1], cache=single, use_cache=True)
-        out["batch_1_ms_per_step"] = round(1000 * (time.perf_counter() - t0) / steps, 2)
-    out.update(batch=batch, context=context)
-    print(json.dumps(out))
-    return out
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=16)
@@ -258,14 +200,10 @@ if __name__ == "__main__":
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--cache", help="checkpoint cache dir (default: a fresh temp dir)")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
-    ap.add_argument("--kv", action="store_true", help="compare KV batching strategies only")
     ap.add_argument(
         "--layouts", action="store_true", help="compare process layouts (in-place handover) only"
     )
     args = ap.parse_args()
-    if args.kv:
-        bench_kv(Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-")))
-        sys.exit(0)
     result = asyncio.run(bench_layouts(args) if args.layouts else main(args))
     if args.json:
         print(json.dumps(result))

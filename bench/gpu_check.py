@@ -1,16 +1,18 @@
 """Real-size Qwen3-Omni, Qwen3-TTS and Qwen3-ASR stages on one GPU (seeded random weights, no
 download), or the tiny models on CPU: per-stage peak memory against omni-plan's figures, then
-Omni's spoken replies (time to first token and first audio, real-time factor) and its thinker
-alone, TTS's first packet and real-time factor (a cloned voice, all three stages), each at
-concurrency 1 and 32, then ASR's time to text and real-time factor. Run by hand:
+Omni's thinker (time to first token, tokens/s) and its talker with code2wav (first audio,
+real-time factor; the thinker's part synthetic), TTS's first packet and real-time factor (a
+cloned voice, all three stages), each at concurrency 1 and 32, then ASR's time to text and
+real-time factor. Run by hand:
 
     python bench/gpu_check.py --device cuda          # Omni 30B-A3B, TTS 1.7B Base, ASR 0.6B
     python bench/gpu_check.py --device cuda --models tts asr
     python bench/gpu_check.py                        # tiny-omni, tiny TTS Base, tiny ASR on CPU
 
 The stages are the worker's own executors, driven in one process the way the coordinator
-drives them (thinker chunks -> talker -> code2wav; preprocessing -> tts_engine => vocoder;
-asr), so stage-to-stage tensors stay on the device. Omni's prompt is synthetic token ids. The
+drives them (talker -> code2wav; preprocessing -> tts_engine => vocoder; asr), so
+stage-to-stage tensors stay on the device; one SGLang engine a process, so each check runs in a
+process of its own. Omni's prompt is synthetic token ids. The
 real TTS and ASR configs come without a tokenizer: they are served with the tiny checkpoint's
 byte-level tokenizer, its few text token ids written into a copy of the real config (the
 architecture and every size stay the real ones). Figures go to docs/omni-worker.md.
@@ -37,7 +39,7 @@ CHECKS = {
     "omni": (
         "qwen3-omni-30b-a3b-speech.yaml",
         "tiny-omni.yaml",
-        ("audio_encoder", "image_encoder", "thinker", "talker", "code2wav"),
+        ("audio_encoder", "image_encoder", "thinker"),
     ),
     "tts": (
         "qwen3-tts-12hz-1.7b.yaml",
@@ -45,9 +47,7 @@ CHECKS = {
         ("preprocessing", "tts_engine", "vocoder"),
     ),
     "asr": ("qwen3-asr-0.6b.yaml", "tiny-qwen3-asr.yaml", ("asr",)),
-    # the talker on SGLang (the spec's engine) in a process of its own: the "omni" check runs
-    # the thinker on SGLang, and SGLang runs one engine a process, so its talker there is the
-    # torch engine's
+    # the talker in a process of its own (SGLang runs one engine a process: "omni"'s thinker)
     "omni-talker": (
         "qwen3-omni-30b-a3b-speech.yaml",
         "tiny-omni.yaml",
@@ -89,8 +89,6 @@ def main() -> None:
             from worker.stages.base import RequestMeta
 
             for concurrency in (1, 32):
-                _drive(executors, args.prompt_tokens, args.new_tokens, RequestMeta, concurrency)
-            for concurrency in (1, 32):
                 _thinker_at(executors["thinker"], concurrency, args.prompt_tokens,
                             args.new_tokens, RequestMeta)  # fmt: skip
         elif name == "omni-talker":
@@ -111,7 +109,6 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
 
     from planner.api import plan_spec
     from planner.loader import load_spec
-    from planner.spec import Backend
     from worker.models.checkpoint import resolve_checkpoint
     from worker.models.registry import make_executor
     from worker.stages.base import StageContext
@@ -122,8 +119,6 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
     if not cuda:
         for stage in spec.stages.values():
             stage.dtype = "fp32"
-    if name == "omni":  # (one SGLang engine a process: the thinker's; see "omni-talker")
-        spec.stages["talker"].engine.backend = Backend.TRANSFORMERS
     plan = plan_spec(spec_path, GPU).plan if real else None
     planned = {
         sp.stage: sp.memory.weights
@@ -328,48 +323,6 @@ def _thinker_at(thinker, concurrency: int, prompt_tokens: int, new_tokens: int, 
     ttft = sorted(first.values())[len(first) // 2] if first else float("nan")
     print(f"thinker c={concurrency:<3} time to first token {ttft * 1000:8.1f} ms (median), "
           f"{tokens / wall:8.1f} tokens/s")  # fmt: skip
-
-
-def _drive(executors, prompt_tokens: int, new_tokens: int, meta_cls, concurrency: int) -> None:
-    """``concurrency`` spoken replies at once through thinker => talker => code2wav, as the
-    coordinator routes them (each its own prompt)."""
-    thinker, talker, code2wav = (executors[s] for s in ("thinker", "talker", "code2wav"))
-    outputs = frozenset({"text", "audio"})
-    rids = [f"r{i}" for i in range(concurrency)]
-    for i, rid in enumerate(rids):
-        # (the template's newline after the assistant's role: the talker starts from it)
-        ids = [*_prompt_ids(thinker, prompt_tokens, salt=100 + i), 10]
-        prompt = {"input_ids": ids, "audio_lens": []}
-        spoken = meta_cls("chat", outputs, max_tokens=new_tokens,
-                          stream_targets=("decode", "talker"))  # fmt: skip
-        thinker.start(rid, spoken, {"preprocessing": prompt})
-        talker.start(rid, meta_cls("chat", outputs, voice="ethan"), {"preprocessing": prompt})
-        code2wav.start(rid, meta_cls("chat", outputs), {})
-    t0 = time.perf_counter()
-    first_token: dict[str, float] = {}
-    first_audio: dict[str, float] = {}
-    tokens = samples = 0
-    left = concurrency
-    while left:
-        for kind, rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
-            if kind == "chunk":
-                first_token.setdefault(rid, time.perf_counter() - t0)
-                tokens += len(payload["tokens"])
-                talker.feed(rid, "thinker", payload)
-            elif kind == "end":
-                talker.end_stream(rid, "thinker", payload)
-        for kind, rid, payload in talker.step() if talker.next_deadline() is not None else []:
-            if kind == "chunk":
-                code2wav.feed(rid, "talker", payload)
-            elif kind == "end":
-                code2wav.end_stream(rid, "talker", payload)
-        heard, ended = _vocode(code2wav, t0, first_audio)
-        samples, left = samples + heard, left - ended
-    total = time.perf_counter() - t0
-    ttft = sorted(first_token.values())
-    print(f"c={concurrency:<3} time to first token {ttft[len(ttft) // 2] * 1000:8.1f} ms (median), "
-          f"{tokens} tokens")  # fmt: skip
-    _report_speech(concurrency, first_audio, samples, total)
 
 
 def _drive_talker(executors, prompt_tokens: int, new_tokens: int, concurrency: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,11 +40,6 @@ class Executor(StrEnum):
     VOCODER = "vocoder"  # non-autoregressive: codec frames -> audio chunks
 
 
-class Backend(StrEnum):
-    TRANSFORMERS = "transformers"
-    SGLANG = "sglang"  # SGLang's scheduler (worker/engines/sglang); CPU via its OOT platform
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -58,7 +53,10 @@ class ComponentSpec(Strict):
 
 
 class EngineSettings(Strict):
-    backend: Backend = Backend.TRANSFORMERS
+    """How a stage's engine runs: SGLang's scheduler under every autoregressive stage
+    (worker/engines/sglang; on a CPU through its out-of-tree platform), the project's own
+    executors under the others."""
+
     max_running_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(
         64,
@@ -75,7 +73,7 @@ class EngineSettings(Strict):
         256 * 2**20,
         ge=0,
         description="host memory for the Qwen3-Omni thinker's hidden states at the media "
-        "positions of spoken replies' prompts (backend sglang), so that a spoken reply reuses "
+        "positions of spoken replies' prompts, so that a spoken reply reuses "
         "a cached prefix with media (worker/models/qwen3_omni/media_states.py); 0: such "
         "prompts are computed whole",
     )
@@ -89,10 +87,24 @@ class EngineSettings(Strict):
     prefill_chunk_tokens: int = Field(
         2048,
         ge=1,
-        description="prompt tokens prefilled per step beside the running decodes (backend "
-        "sglang: a longer prompt goes in chunks of this size; transformers: whole prompts, a "
-        "longer one waits until nothing runs); sizes the activation estimate",
+        description="prompt tokens prefilled per step beside the running decodes (a longer "
+        "prompt goes in chunks of this size); sizes the activation estimate",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_engine(cls, data: Any) -> Any:
+        """``backend`` was the choice between SGLang and the project's own torch engines,
+        which are gone: ``sglang`` (what every stage runs) is still read, anything else is
+        refused."""
+        if isinstance(data, dict) and "backend" in data:
+            data = dict(data)
+            if data.pop("backend") != "sglang":
+                raise ValueError(
+                    "engine.backend: SGLang is the one engine of autoregressive stages (the "
+                    "project's torch engines were removed); drop the field"
+                )
+        return data
 
 
 class BatchingSettings(Strict):
@@ -198,15 +210,14 @@ class ModelSpec(Strict):
         return groups
 
     def check_processes(self, groups: dict[str, list[str]]) -> None:
-        """SGLang builds its process groups and global settings once a process: one stage on
-        ``engine.backend: sglang`` per process."""
+        """SGLang builds its process groups and global settings once a process: one
+        autoregressive stage (one SGLang engine) per process."""
         for group, names in groups.items():
-            on = [n for n in names if self.stages[n].engine.backend == Backend.SGLANG]
+            on = [n for n in names if self.stages[n].executor == Executor.AUTOREGRESSIVE]
             if len(on) > 1:
                 raise ValueError(
-                    f"process {group!r} holds {len(on)} stages on engine.backend 'sglang' "
-                    f"({', '.join(on)}): SGLang runs one engine per process; give each its "
-                    "own `process`, or run all but one on backend 'transformers'"
+                    f"process {group!r} holds {len(on)} autoregressive stages ({', '.join(on)}):"
+                    " SGLang runs one engine per process; give each its own `process`"
                 )
 
 

@@ -178,10 +178,22 @@ def test_bad_specs_give_precise_errors(tmp_path: Path) -> None:
 
     with pytest.raises(
         SpecError,
-        match=r"process 'thinker' holds 2 stages on engine.backend 'sglang' \(thinker, talker\)"
-        r".*give each its own `process`",
+        match=r"process 'thinker' holds 2 autoregressive stages \(thinker, talker\): SGLang "
+        r"runs one engine per process; give each its own `process`",
     ):
         load_spec(_spec(tmp_path, two_sglang_engines))
+
+    def torch_engine(raw):
+        raw["stages"]["thinker"]["engine"]["backend"] = "transformers"
+
+    with pytest.raises(SpecError, match=r"engine.backend: SGLang is the one engine"):
+        load_spec(_spec(tmp_path, torch_engine))
+
+    def legacy_backend(raw):  # (what every shipped spec said): still read
+        raw["stages"]["thinker"]["engine"]["backend"] = "sglang"
+
+    thinker = load_spec(_spec(tmp_path, legacy_backend)).spec.stages["thinker"]
+    assert "backend" not in thinker.engine.model_dump()
 
     with pytest.raises(SpecError, match="no such spec file or model directory"):
         load_spec(tmp_path / "missing.yaml")

@@ -1,5 +1,5 @@
 """Pipeline runtime pieces without stage processes: routing, shared-memory transport, the
-step-batched KV cache against plain transformers generation, batching windows, checkpoints."""
+batching windows, checkpoints."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ import yaml
 
 from planner.spec import ModelSpec
 from tests.plain_lm import SAMPLING, build_plain_lm
-from worker.models.checkpoint import load_component, resolve_checkpoint
+from worker.models.checkpoint import resolve_checkpoint
 from worker.runtime import transport
 from worker.runtime.graph import REQUEST_INPUT, route
 from worker.stages.base import BatchQueue, RequestMeta, StageExecutor
-from worker.stages.kvbatch import KVBatch
 from worker.stages.request import RequestInput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -289,48 +288,12 @@ def plain_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_plain_lm(tmp_path_factory.mktemp("plain-lm"))
 
 
-def test_step_batching_matches_unbatched_greedy_decoding(plain_lm: Path) -> None:
-    """Requests of different lengths joining at different steps, left-padded into one cache,
-    produce exactly the tokens of running each alone without a cache."""
-    model = load_component(plain_lm, "", "", "fp32", "cpu")
-    embed = model.get_input_embeddings()
-    prompts = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41], "c": [100, 90, 80, 70]}
-    steps = 6
-    want = {rid: _reference_greedy(model, p, steps) for rid, p in prompts.items()}
-    batch, got, pos = KVBatch(), {rid: [] for rid in prompts}, {}
-    joins = {0: "a", 2: "b", 3: "c"}  # step -> request joining before it
-    with torch.inference_mode():
-        for step in range(steps + 3):
-            if step in joins:
-                rid = joins[step]
-                out = model(inputs_embeds=embed(torch.tensor([prompts[rid]])), use_cache=True)
-                got[rid].append(int(out.logits[0, -1].argmax()))
-                pos[rid] = len(prompts[rid])
-                batch.join(rid, out.cache, pos[rid])
-            live = [r for r in batch.rids if len(got[r]) < steps]
-            if len(live) < len(batch.rids):
-                batch.leave(set(batch.rids) - set(live))
-            if not batch.rids:
-                break
-            # "b" skips one step as a bubble (a talker waiting for input does this)
-            valid = [not (r == "b" and step == 3) for r in batch.rids]
-            embeds = torch.cat([embed(torch.tensor([[got[r][-1]]])) for r in batch.rids])
-            positions = torch.tensor([pos[r] for r in batch.rids])
-            logits, _ = batch.step(model, embeds, torch.tensor(valid), positions, False)
-            for i, r in enumerate(batch.rids):
-                if valid[i]:
-                    got[r].append(int(logits[i].argmax()))
-                    pos[r] += 1
-    assert got == want
-
-
 # ---- a real checkpoint directory, stages driven in-process -----------------------------------
 @pytest.fixture(scope="module")
 def plain_stages(plain_lm: Path, tmp_path_factory) -> dict:
     """The three stages of a plain model's spec (configs/models/qwen3-8b.yaml's, at toy size),
-    loaded in this process, the language model on the project's torch engine (SGLang's engine
-    builds its process groups once per process, which the thinker's tests hold: the spec's own
-    engine is tests/test_plain_model_fleet.py's, in a worker)."""
+    loaded in this process, the language model on SGLang (closed at the module's end: SGLang
+    runs one engine at a time in a process)."""
     from worker.models.registry import make_executor
     from worker.stages.base import StageContext
 
@@ -348,7 +311,7 @@ def plain_stages(plain_lm: Path, tmp_path_factory) -> dict:
                     "device": "cpu",
                     "dtype": "fp32",
                     "stream_to": ["decode"],
-                    "engine": {"max_new_tokens": 256, "backend": "transformers"},
+                    "engine": {"max_new_tokens": 256},
                 },
                 "decode": {"executor": "decode", "device": "cpu", "terminal": True},
             },
@@ -361,7 +324,9 @@ def plain_stages(plain_lm: Path, tmp_path_factory) -> dict:
         ctx = StageContext(name, spec, spec.stages[name], plain_lm, "cpu", 4)
         stages[name] = make_executor(ctx)
         stages[name].load()
-    return stages
+    yield stages
+    for stage in stages.values():
+        stage.close()
 
 
 def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plain_stages) -> None:
@@ -528,7 +493,7 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
 
 
 def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
-    """The plain stage (the Qwen3-8B spec's) on the torch engine: greedy at temperature 0, seeded
+    """The plain stage (the Qwen3-8B spec's) on SGLang: greedy at temperature 0, seeded
     sampling reproducible, the chosen token the likeliest at temperature 0 with its rivals in
     order, ``logit_bias`` forcing a token, a JSON ``response_format`` met by random weights, a
     prompt over the context refused."""
@@ -580,17 +545,3 @@ def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
     outs = run(RequestMeta("chat", frozenset({"text"})), ids=tuple(range(4096)))
     assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "r")]
     assert "exceeds the context length" in outs[0][2]
-
-
-def test_a_stage_that_sglang_does_not_serve_is_refused_at_start() -> None:
-    from worker.models.registry import make_executor
-    from worker.stages.base import StageContext
-
-    raw = yaml.safe_load(SPEC_PATH.read_text())
-    raw["stages"]["audio_encoder"].setdefault("engine", {})["backend"] = "sglang"
-    raw["stages"]["audio_encoder"]["process"] = "audio"  # (one SGLang stage a process)
-    spec = ModelSpec.model_validate(raw)
-    stage = spec.stages["audio_encoder"]
-    ctx = StageContext("audio_encoder", spec, stage, REPO / "configs/hf/tiny-omni", "cpu", 4)
-    with pytest.raises(ValueError, match=r"stage audio_encoder: engine\.backend 'sglang' serves"):
-        make_executor(ctx)

@@ -21,7 +21,7 @@ from fleet.records import Endpoint, WorkerRecord, WorkerStatus
 from fleet.settings import redacted_url
 from fleet.store import FleetStore, connect
 from planner.plan import LaunchPlan, NodePlan
-from planner.spec import Backend, ModelSpec
+from planner.spec import Executor, ModelSpec
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
 from worker.api.protocol import worker_http_protocol
@@ -61,7 +61,7 @@ def prefix_cache_tokens(spec: ModelSpec, node_plan: NodePlan) -> int:
     sizes its record of what is cached here."""
     if Endpoint.CHAT not in spec.capabilities.endpoints:
         return 0
-    engines = {n: s.engine for n, s in spec.stages.items() if s.engine.backend == Backend.SGLANG}
+    engines = {n: s.engine for n, s in spec.stages.items() if s.executor == Executor.AUTOREGRESSIVE}
     total = 0
     for process in node_plan.processes:
         for placed in process.stages:

@@ -36,15 +36,10 @@ pytestmark = pytest.mark.slow
 
 
 def _spec_for(model: str, tmp: Path) -> Path:
-    """The tiny spec on checkpoint ``model``; ``model@backend`` runs its thinker and its
-    talker on that engine (tiny-omni's own is SGLang's)."""
-    name, _, backend = model.partition("@")
+    """The tiny spec on checkpoint ``model``."""
     spec = yaml.safe_load(SPEC.read_text())
-    spec["model_dir"] = str(REPO / "configs" / "hf" / name)
-    if backend:
-        for stage in ("thinker", "talker"):
-            spec["stages"][stage]["engine"]["backend"] = backend
-    path = tmp / f"{name}-{backend or 'default'}.yaml"
+    spec["model_dir"] = str(REPO / "configs" / "hf" / model)
+    path = tmp / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -433,8 +428,7 @@ def test_a_spoken_voice_conversation_reuses_its_cached_clip(served, kept: bool) 
     _assert_equal(two, _reference_messages(tiny.checkpoint, [*as_processed, *second[1:]], True))
 
 
-# (the last: the project's own torch engines under the thinker and the talker)
-@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide", "tiny-omni@transformers"])
+@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
 def test_worker_equals_transformers_generate(model: str, served) -> None:
     wav, audio = _input_audio()
     tiny = served(model)

@@ -1,13 +1,14 @@
 """The Qwen3-Omni talker within the plan's KV pool, as the thinker: a reply's talker row that
 does not fit beside the running ones waits until one leaves; one that could never fit is
-refused with the context-length error. The tiny checkpoint's talker runs in this process on the
-torch engine (SGLang builds its process groups once a process, and the thinker's in-process
-tests hold them), fed as the thinker feeds it (its prompt states, then its reply's tokens and
-embeddings)."""
+refused with the context-length error. The tiny checkpoint's talker runs in this process on
+SGLang with a KV pool of 60 tokens (closed at the module's end: one SGLang engine at a time),
+fed as the thinker feeds it (its prompt states, then its reply's tokens and embeddings)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,15 +25,15 @@ FRAMES = 4
 
 
 @pytest.fixture(scope="module")
-def talker(tmp_path_factory: pytest.TempPathFactory):
-    raw = yaml.safe_load(SPEC.read_text())
-    raw["stages"]["talker"]["engine"]["backend"] = "transformers"
-    spec = ModelSpec.model_validate(raw)
+def talker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
     ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("omni"), log=lambda _m: None)
-    ctx = StageContext("talker", spec, spec.stages["talker"], ck, "cpu", 8, kv_tokens=0)
+    # one row of a 40-token user turn (and its frames), not two
+    ctx = StageContext("talker", spec, spec.stages["talker"], ck, "cpu", 8, kv_tokens=60)
     ex = make_executor(ctx)
     ex.load()
-    return ex
+    yield ex
+    ex.close()
 
 
 def _reply(talker, rid: str, words: int) -> None:
@@ -57,23 +58,12 @@ def _drain(talker) -> list[tuple]:
 
 
 def test_a_reply_waits_for_room_in_the_kv_pool(talker) -> None:
-    ctx = talker.ctx
-    try:
-        ctx.kv_tokens = 60  # one row of a 40-token user turn (and its frames), not two
-        _reply(talker, "a", 40)
-        _reply(talker, "b", 40)
-        order = [(kind, rid) for kind, rid, _ in _drain(talker) if kind in (CHUNK, DONE)]
-        assert order.index((CHUNK, "b")) > order.index((DONE, "a"))
-        assert (DONE, "b") in order
-        ctx.kv_tokens = 0  # no pool: side by side
-        _reply(talker, "c", 40)
-        _reply(talker, "d", 40)
-        order = [(kind, rid) for kind, rid, _ in _drain(talker) if kind in (CHUNK, DONE)]
-        assert order.index((CHUNK, "d")) < order.index((DONE, "c"))
-        ctx.kv_tokens = 30  # a user turn of 40 tokens can never fit
-        _reply(talker, "huge", 40)
-        outs = _drain(talker)
-        assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "huge")]
-        assert "exceeds the context length 30 that this stage's KV pool holds" in outs[0][2]
-    finally:
-        ctx.kv_tokens = 0
+    _reply(talker, "a", 40)
+    _reply(talker, "b", 40)
+    order = [(kind, rid) for kind, rid, _ in _drain(talker) if kind in (CHUNK, DONE)]
+    assert order.index((CHUNK, "b")) > order.index((DONE, "a"))
+    assert (DONE, "b") in order
+    _reply(talker, "huge", 60)  # a user turn of 60 tokens can never fit
+    outs = _drain(talker)
+    assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "huge")]
+    assert "exceeds the context length 60 that this stage's KV pool holds" in outs[0][2]

@@ -1,5 +1,5 @@
-"""The Qwen3-Omni thinker in this process on the tiny checkpoint, on both engines (SGLang's
-scheduler, what tiny-omni runs, and the project's torch engine): it admits requests within the
+"""The Qwen3-Omni thinker in this process on the tiny checkpoint, on SGLang's scheduler (closed
+at the module's end: SGLang runs one engine at a time in a process): it admits requests within the
 plan's KV pool (``kv_tokens``: a request that does not fit waits until a running one leaves;
 one that could never fit is refused with the context-length error; the shipped specs'
 32,768-token context lets one long video in, the pool of 65,536 tokens bounds what runs at
@@ -7,7 +7,9 @@ once), and honours ``logit_bias``, ``logprobs`` and ``response_format``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -21,17 +23,17 @@ from worker.stages.sampling import Sampling
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
 
 
-@pytest.fixture(scope="module", params=["sglang", "transformers"])
-def thinker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     raw = yaml.safe_load(SPEC.read_text())
-    raw["stages"]["thinker"]["engine"]["backend"] = request.param
     raw["stages"]["thinker"]["engine"]["prefill_chunk_tokens"] = 64
     spec = ModelSpec.model_validate(raw)
     ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("omni"), log=lambda _m: None)
     ctx = StageContext("thinker", spec, spec.stages["thinker"], ck, "cpu", 8, kv_tokens=400)
     ex = make_executor(ctx)
     ex.load()
-    return ex
+    yield ex
+    ex.close()
 
 
 def drain(thinker) -> list[tuple]:
@@ -116,15 +118,14 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
     assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)
 
 
-# each engine's greedy tokens under each penalty (the second engine's test compares)
-_PENALIZED: dict[str, dict[str, list[int]]] = {}
+def test_penalties_change_the_greedy_reply_and_count_the_prompt(thinker) -> None:
+    """Frequency, presence and repetition penalties each change what a random model repeats;
+    the repetition penalty counts the prompt's tokens too, as transformers' processor does
+    (SGLang's counts the reply's only: ``patches._repetition_penalty_over_the_prompt``): the
+    penalized greedy reply is transformers' ``generate``'s with the same penalty."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
 
-
-def test_penalties_change_the_greedy_reply_alike_on_both_engines(thinker) -> None:
-    """Frequency, presence and repetition penalties each change what a random model repeats,
-    and SGLang's sampler gives the same tokens as the project's (whose processors are tested
-    against transformers' in tests/test_sampling.py): the repetition penalty counts the prompt
-    too, as transformers and vLLM count it."""
     text = frozenset({"text"})
     greedy = [t for c in run(thinker, "p", RequestMeta("chat", text, 24)) for t in c["tokens"]]
     assert len(set(greedy)) < len(greedy), greedy  # the random model repeats itself
@@ -137,16 +138,14 @@ def test_penalties_change_the_greedy_reply_alike_on_both_engines(thinker) -> Non
         meta = RequestMeta("chat", text, 24, sampling=sampling)
         penalized[name] = [t for c in run(thinker, name, meta) for t in c["tokens"]]
         assert penalized[name] != greedy, name
-    _PENALIZED[thinker.ctx.stage.engine.backend.value] = penalized
-    if len(_PENALIZED) == 2:
-        assert _PENALIZED["sglang"] == _PENALIZED["transformers"]
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        thinker.ctx.checkpoint, dtype=torch.float32
+    ).thinker
+    ids = torch.tensor([prompt(8)["preprocessing"]["input_ids"]])
+    reference = model.generate(ids, max_new_tokens=24, do_sample=False, repetition_penalty=1.8)
+    assert penalized["repetition"] == reference[0, ids.shape[1] :].tolist()
 
 
-# SGLang's scheduler only: the torch engine has no prefix cache and no chunks
-sglang_only = pytest.mark.parametrize("thinker", ["sglang"], indirect=True)
-
-
-@sglang_only
 def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     """The radix cache: a prompt that starts as an earlier one did computes only what is new,
     and says how much it reused (decode and usage get ``cached_tokens``); so does a text prompt
@@ -173,7 +172,6 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     assert head["prompt_hidden"].shape[0] == head["prompt_embed"].shape[0] == 53
 
 
-@sglang_only
 def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(thinker) -> None:
     """Chunked prefill mixed with decode: while a 300-token prompt is prefilled 64 tokens a
     step, the running request still gets a token every step."""

@@ -7,11 +7,12 @@ drives them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.models.tts_stages import load_stages, start
+from tests.models.tts_stages import loaded_stages, start
 from worker.stages.base import DONE, INVALID, RequestMeta
 from worker.stages.request import RequestInput
 from worker.stages.sampling import Sampling
@@ -23,8 +24,9 @@ META = RequestMeta("speech", frozenset({"audio"}), speech_sampling=Sampling(temp
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory) -> dict:
-    return load_stages(SPEC, tmp_path_factory.mktemp("tts"))
+def stages(tmp_path_factory) -> Iterator[dict]:
+    with loaded_stages(SPEC, tmp_path_factory.mktemp("tts")) as loaded:
+        yield loaded
 
 
 def _start(stages: dict, rid: str, text: str) -> None:

@@ -5,9 +5,9 @@ reference venv (``scripts/reference_venv.sh``: transformers 4.57 + qwen-tts); th
 generates greedily (``do_sample=False``, ``subtalker_dosample=False``) with its own
 ``Qwen3TTSModel``. omni-fleet loads the same directories with its own classes:
 
-* in process, its engine must produce exactly the package's codes for every request (all of a
-  variant's requests stepped as one batch), and the speech tokenizer's decoder the package's
-  waveform;
+* in process, its talker on SGLang (``talker_sglang.generate``, one engine at a time) must
+  produce exactly the package's codes for every request (all of a variant's requests stepped as
+  one batch), and the speech tokenizer's decoder the package's waveform;
 * through a real worker (HTTP, stage process), ``/v1/audio/speech`` must return that waveform
   (within two int16 steps), for built-in speakers (CustomVoice) and for an uploaded voice
   cloned on Base (speaker encoder x-vector, reference codes from the Mimi encoder, ICL prompt).
@@ -18,6 +18,8 @@ Two sizes per variant (talker width and depth, text width, code-predictor projec
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -66,34 +68,47 @@ def official(tmp_path_factory) -> dict:
     return {"checkpoints": checkpoints, "results": results, "stored": stored, "tmp": tmp}
 
 
-def _ours(checkpoint: Path):
+@contextmanager
+def _ours(checkpoint: Path, spec_name: str) -> Iterator[tuple]:
+    """The talker of ``checkpoint`` on SGLang in this process (the tts_engine stage of
+    ``spec_name``, closed at the end: one SGLang engine at a time), its prompt builder, the
+    speech tokenizer, the greedy sampling the official runs used."""
     import torch
+    import yaml
     from transformers import AutoTokenizer
 
+    from planner.spec import ModelSpec
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-    from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling, load_model
+    from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling
+    from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
     from worker.models.qwen3_tts.weights import load_into
+    from worker.stages.base import StageContext
     from worker.stages.generation_config import read_generation_config
     from worker.stages.sampling import Sampling
 
-    model = load_model(checkpoint)
-    builder = PromptBuilder(model, AutoTokenizer.from_pretrained(checkpoint))
-    cfg = json.loads((checkpoint / "speech_tokenizer" / "config.json").read_text())
-    st = SpeechTokenizer(cfg, with_encoder=True)
-    load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
-    load_into(st.encoder, checkpoint / "speech_tokenizer", prefix="encoder.", rename=mimi_name)
-    # greedy, as the official runs compared here decode (with the checkpoint's penalty)
-    greedy = checkpoint_sampling(read_generation_config(checkpoint)).with_request(
-        Sampling(temperature=0)
-    )
-    return torch, model, builder, st, greedy
+    path = ref.REPO / "configs" / "models" / f"{spec_name}.yaml"
+    spec = ModelSpec.model_validate(yaml.safe_load(path.read_text()))
+    stage = spec.stages["tts_engine"]
+    engine = SGLangTalkerEngine(StageContext("tts_engine", spec, stage, checkpoint, "cpu", 8))
+    try:
+        builder = PromptBuilder(engine.tts, AutoTokenizer.from_pretrained(checkpoint))
+        cfg = json.loads((checkpoint / "speech_tokenizer" / "config.json").read_text())
+        st = SpeechTokenizer(cfg, with_encoder=True)
+        load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
+        load_into(st.encoder, checkpoint / "speech_tokenizer", prefix="encoder.", rename=mimi_name)
+        # greedy, as the official runs compared here decode (with the checkpoint's penalty)
+        greedy = checkpoint_sampling(read_generation_config(checkpoint)).with_request(
+            Sampling(temperature=0)
+        )
+        yield torch, engine, builder, st, greedy
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("name", CV)
 def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dict) -> None:
-    from worker.models.qwen3_tts.engine import generate
+    from worker.models.qwen3_tts.talker_sglang import generate
 
-    _, model, builder, st, defaults = _ours(official["checkpoints"][name])
     res = official["results"][name]
     batch = [
         {
@@ -105,43 +120,46 @@ def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dic
         }
         for r in CV_REQUESTS
     ]
-    codes = generate(model, builder, batch, MAX_NEW, defaults)
-    for i, c in enumerate(codes):
-        assert c.shape[0] == MAX_NEW - 1
-        np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
-        wav = st.decode(c).numpy()
-        np.testing.assert_allclose(wav, res[f"{i}.wav"], atol=1e-5, err_msg=f"request {i}")
+    with _ours(official["checkpoints"][name], "tiny-qwen3-tts") as (_, engine, builder, st, greedy):
+        codes = generate(engine, builder, batch, MAX_NEW, greedy)
+        for i, c in enumerate(codes):
+            assert c.shape[0] == MAX_NEW - 1
+            np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
+            wav = st.decode(c).numpy()
+            np.testing.assert_allclose(wav, res[f"{i}.wav"], atol=1e-5, err_msg=f"request {i}")
 
 
 @pytest.mark.parametrize("name", BASE)
 def test_voice_clone_codes_and_waveform_equal_official(name: str, official: dict) -> None:
-    from worker.models.qwen3_tts.engine import generate, speaker_embedding
+    from worker.models.qwen3_tts.engine import speaker_embedding
+    from worker.models.qwen3_tts.talker_sglang import generate
 
-    torch, model, builder, st, defaults = _ours(official["checkpoints"][name])
     res = official["results"][name]
-    wav_ref = torch.from_numpy(official["stored"])
-    spk = speaker_embedding(model, wav_ref)
-    ref_codes = st.encode(wav_ref)
-    for i, r in enumerate(CLONE_REQUESTS):
-        np.testing.assert_allclose(spk.numpy(), res[f"{i}.spk"], atol=1e-5)
-        icl = not r.get("x_vector_only")
-        if icl:
-            np.testing.assert_array_equal(ref_codes.numpy(), res[f"{i}.ref_code"])
-        kw = {
-            "text": r["text"],
-            "language": r["language"],
-            "speaker_embedding": spk,
-            "ref_text": r.get("ref_text") if icl else None,
-            "ref_codes": ref_codes if icl else None,
-            "non_streaming": r.get("non_streaming_mode", False),
-        }
-        (codes,) = generate(model, builder, [kw], MAX_NEW, defaults)
-        np.testing.assert_array_equal(codes.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
-        full = torch.cat([ref_codes, codes]) if icl else codes
-        wav = st.decode(full)
-        if icl:
-            wav = wav[ref_codes.shape[0] * 1920 :]
-        np.testing.assert_allclose(wav.numpy(), res[f"{i}.wav"], atol=1e-5, err_msg=f"req {i}")
+    checkpoint = official["checkpoints"][name]
+    with _ours(checkpoint, "tiny-qwen3-tts-base") as (torch, engine, builder, st, greedy):
+        wav_ref = torch.from_numpy(official["stored"])
+        spk = speaker_embedding(engine.tts, wav_ref)
+        ref_codes = st.encode(wav_ref)
+        for i, r in enumerate(CLONE_REQUESTS):
+            np.testing.assert_allclose(spk.numpy(), res[f"{i}.spk"], atol=1e-5)
+            icl = not r.get("x_vector_only")
+            if icl:
+                np.testing.assert_array_equal(ref_codes.numpy(), res[f"{i}.ref_code"])
+            kw = {
+                "text": r["text"],
+                "language": r["language"],
+                "speaker_embedding": spk,
+                "ref_text": r.get("ref_text") if icl else None,
+                "ref_codes": ref_codes if icl else None,
+                "non_streaming": r.get("non_streaming_mode", False),
+            }
+            (codes,) = generate(engine, builder, [kw], MAX_NEW, greedy)
+            np.testing.assert_array_equal(codes.numpy(), res[f"{i}.codes"], err_msg=f"req {i}")
+            full = torch.cat([ref_codes, codes]) if icl else codes
+            wav = st.decode(full)
+            if icl:
+                wav = wav[ref_codes.shape[0] * 1920 :]
+            np.testing.assert_allclose(wav.numpy(), res[f"{i}.wav"], atol=1e-5, err_msg=f"req {i}")
 
 
 def _speech(worker: WorkerProcess, model: str, body: dict) -> np.ndarray:

@@ -7,12 +7,13 @@ stage host drives them (the talker is stepped only while ``next_deadline`` says 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.models.tts_stages import load_stages, start, step
+from tests.models.tts_stages import loaded_stages, start, step
 from worker.stages.base import REQUEST_INPUT, RequestMeta
 from worker.stages.request import RequestInput
 from worker.stages.sampling import Sampling
@@ -24,8 +25,9 @@ FRAMES = 40
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory) -> dict:
-    return load_stages(SPEC, tmp_path_factory.mktemp("tts"))
+def stages(tmp_path_factory) -> Iterator[dict]:
+    with loaded_stages(SPEC, tmp_path_factory.mktemp("tts")) as loaded:
+        yield loaded
 
 
 def _speak(stages: dict, rid: str, pieces: list[str], every: int, sampling: Sampling):

@@ -9,17 +9,14 @@ the first request produced, which are the bytes of a request that bypasses the c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from planner.spec import Backend, ModelSpec
-from tests.models.tts_stages import load_stages, start, step
-from worker.models.checkpoint import resolve_checkpoint
-from worker.models.registry import make_executor
-from worker.stages.base import RequestMeta, StageContext
+from tests.models.tts_stages import loaded_stages, start, step
+from worker.stages.base import RequestMeta
 from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.sampling import Sampling
 
@@ -29,8 +26,9 @@ MAX_NEW = 6
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory) -> dict:
-    return load_stages(SPEC, tmp_path_factory.mktemp("tts-base"))
+def stages(tmp_path_factory) -> Iterator[dict]:
+    with loaded_stages(SPEC, tmp_path_factory.mktemp("tts-base")) as loaded:
+        yield loaded
 
 
 def _voice(seed: int) -> np.ndarray:
@@ -81,20 +79,11 @@ def test_cache_is_bounded_least_recently_used_first() -> None:
     assert calls == ["a", "b", "c", "b"] and cache.hits == 1
 
 
-def test_the_checkpoints_max_new_tokens_bounds_the_specs(tmp_path: Path) -> None:
+def test_the_checkpoints_max_new_tokens_bounds_the_specs() -> None:
     """The talker stops at the checkpoint's generation_config ``max_new_tokens`` where it is
     below the spec's (it used the spec's 1536 over a checkpoint's 400)."""
-    import json
-    import shutil
+    from worker.models.qwen3_tts.stages import frame_budget
 
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
-    built = resolve_checkpoint(spec, SPEC, tmp_path / "cache", log=lambda _: None)
-    ck = tmp_path / "ck"
-    shutil.copytree(built, ck)
-    gen = json.loads((ck / "generation_config.json").read_text())
-    (ck / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 5}))
-    stage = spec.stages["tts_engine"].model_copy(deep=True)
-    stage.engine.backend = Backend.TRANSFORMERS  # (in process: see tts_stages.load_stages)
-    ex = make_executor(StageContext("tts_engine", spec, stage, ck, "cpu", 4))
-    ex.load()
-    assert stage.engine.max_new_tokens > 5 and ex.max_new == 5
+    assert frame_budget(1536, {"max_new_tokens": 400}) == 400
+    assert frame_budget(64, {"max_new_tokens": 400}) == 64
+    assert frame_budget(64, {}) == 64

@@ -13,6 +13,7 @@ round a sample by one int16 step now and then."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def test_steps_ramp_and_stop_at_block_ends() -> None:
         s.step = min(2 * (s.step or schedule.first), schedule.chunk)
         ends.append(s.done)
     assert ends[:5] == [1, 3, 7, 15, 23] and 300 in ends and 600 in ends and ends[-1] == 700
-    assert all(b - a <= 8 for a, b in zip(ends, ends[1:], strict=False))
+    assert all(b - a <= 8 for a, b in itertools.pairwise(ends))
     # an open stream waits for a whole step
     s = Stream(frames=[np.zeros(2)] * 5)
     s.done, s.step = 3, 4

@@ -3,6 +3,8 @@ driven as the stage host drives them: shared by the stage-level TTS tests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -14,21 +16,22 @@ from worker.stages.base import DONE, FINAL, OUT, REQUEST_INPUT, RequestMeta, Sta
 from worker.stages.request import RequestInput
 
 
-def load_stages(spec_path: Path, cache: Path) -> dict:
-    """The spec's preprocessing, tts_engine and vocoder, loaded (the checkpoint built once),
-    the talker on the project's torch engine: SGLang builds its process groups once per
-    process, and the thinker's stage tests hold them. (Through a worker the specs' talker runs
-    on SGLang: tests/test_model_families_fleet.py, tests/models/test_qwen3_tts_reference.py.)"""
-    raw = yaml.safe_load(spec_path.read_text())
-    raw["stages"]["tts_engine"]["engine"]["backend"] = "transformers"
-    spec = ModelSpec.model_validate(raw)
+@contextmanager
+def loaded_stages(spec_path: Path, cache: Path) -> Iterator[dict]:
+    """The spec's preprocessing, tts_engine (its talker on SGLang) and vocoder, loaded (the
+    checkpoint built once), closed at the end: SGLang runs one engine at a time in a process."""
+    spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
     ck = resolve_checkpoint(spec, spec_path, cache, log=lambda _: None)
     out = {}
-    for name in ("preprocessing", "tts_engine", "vocoder"):
-        ex = make_executor(StageContext(name, spec, spec.stages[name], ck, "cpu", 4))
-        ex.load()
-        out[name] = ex
-    return out
+    try:
+        for name in ("preprocessing", "tts_engine", "vocoder"):
+            ex = make_executor(StageContext(name, spec, spec.stages[name], ck, "cpu", 4))
+            ex.load()
+            out[name] = ex
+        yield out
+    finally:
+        for ex in out.values():
+            ex.close()
 
 
 def start(

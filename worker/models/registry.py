@@ -1,11 +1,11 @@
 """The model families, one entry each, found by the checkpoint's ``model_type``.
 
 A family is one home under ``worker/models/`` (as SGLang-Omni keeps one folder per model): its
-stage executors, which of its stages SGLang serves, and what its API speaks beyond the common
-surface. The worker's service resolves its family once, for the endpoints; each stage process
-resolves it once, for its executors (``make_executor``). A checkpoint of no family is a plain
-language model, served by the generic executors of ``worker.stages`` (its autoregressive stage
-on either engine).
+stage executors and what its API speaks beyond the common surface. The worker's service
+resolves its family once, for the endpoints; each stage process resolves it once, for its
+executors (``make_executor``). A checkpoint of no family is a plain language model, served by
+the generic executors of ``worker.stages`` (its autoregressive stage on SGLang's own model
+class for the checkpoint).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.spec import Backend, Executor
+from planner.spec import Executor
 from worker.models import qwen3_asr, qwen3_omni, qwen3_tts
 from worker.stages.base import StageContext, StageExecutor
 
@@ -26,7 +26,6 @@ class Family:
     name: str
     model_type: str  # the checkpoint config.json's
     make_executor: Callable[[StageContext], StageExecutor]
-    runs_on_sglang: Callable[[StageContext], bool]  # which of its stages `backend: sglang` serves
     # speech: Qwen3-TTS's options (language, instructions) and voices cloned from uploads,
     # whose reference audio reaches the stages at this rate (Hz); None: built-in voices only
     speech_options: bool = False
@@ -38,14 +37,11 @@ class Family:
     timed_transcripts: bool = False
 
 
-QWEN3_OMNI = Family(
-    "Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor, qwen3_omni.runs_on_sglang
-)
+QWEN3_OMNI = Family("Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor)
 QWEN3_TTS = Family(
     "Qwen3-TTS",
     qwen3_tts.MODEL_TYPE,
     qwen3_tts.make_executor,
-    qwen3_tts.runs_on_sglang,
     speech_options=True,
     voice_rate=qwen3_tts.VOICE_RATE,
     streams_text=True,
@@ -54,7 +50,6 @@ QWEN3_ASR = Family(
     "Qwen3-ASR",
     qwen3_asr.MODEL_TYPE,
     qwen3_asr.make_executor,
-    qwen3_asr.runs_on_sglang,
     timed_transcripts=True,
 )
 FAMILIES = {f.model_type: f for f in (QWEN3_OMNI, QWEN3_TTS, QWEN3_ASR)}
@@ -74,16 +69,6 @@ def family_of(model_dir: Path) -> Family | None:
 def make_executor(ctx: StageContext) -> StageExecutor:
     """The executor of one stage: its family's, else the generic one of its executor kind."""
     family = family_of(ctx.checkpoint)
-    on_sglang = (
-        family.runs_on_sglang(ctx) if family else ctx.stage.executor == Executor.AUTOREGRESSIVE
-    )
-    if ctx.stage.engine.backend == Backend.SGLANG and not on_sglang:
-        # refused when the worker starts, not at the first request
-        raise ValueError(
-            f"stage {ctx.name}: engine.backend 'sglang' serves plain language models, the "
-            "Qwen3-Omni thinker and talker, the Qwen3-TTS talker and the Qwen3-ASR decoder "
-            "(encoders, vocoders and the aligner run on backend 'transformers')"
-        )
     if family is not None:
         return family.make_executor(ctx)
     kind = ctx.stage.executor

@@ -1,8 +1,7 @@
-"""The autoregressive stage of a plain language model (a bare checkpoint such as Qwen3-8B) under
-an engine (``worker.engines.base``): SGLang's scheduler running SGLang's own model class for the
-checkpoint's architecture (``engine.backend: sglang``, what configs/models/qwen3-8b.yaml runs),
-or the project's torch engine (``backend: transformers``, ``worker.engines.torch_lm``). Model
-families with their own thinkers and talkers live under ``worker/models/``.
+"""The autoregressive stage of a plain language model (a bare checkpoint such as Qwen3-8B):
+SGLang's scheduler (``worker.engines.sglang``) running SGLang's own model class for the
+checkpoint's architecture. Model families with their own thinkers and talkers live under
+``worker/models/``.
 
 The prompt's token ids go to the engine and the tokens stream to decode as they come, with
 their log probabilities when asked, within a ``response_format``'s grammar when there is one.
@@ -16,8 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from planner.spec import Backend
-from worker.engines.base import Engine, EngineEvent, EngineRequest
+from worker.engines.base import EngineEvent, EngineRequest
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -52,29 +50,13 @@ class LanguageModelExecutor(StageExecutor):
         stops = stop_tokens(ctx.component_dir(), config.get("eos_token_id"))
         self.eos = frozenset(stops.eos)
         self.defaults = sampling_defaults(ctx.component_dir())
-        self.engine: Engine
-        # SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias; the
-        # torch engine masks them itself
-        self.suppress: tuple[tuple[int, float], ...] = ()
-        if ctx.stage.engine.backend == Backend.SGLANG:
-            from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
-            if ctx.stage.tp_size > 1:
-                raise ValueError(
-                    f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet"
-                )
-            self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
-            self.suppress = tuple((t, float("-inf")) for t in stops.suppress)
-        else:
-            import torch
-
-            from worker.engines.torch_lm import TorchLMEngine
-            from worker.models.checkpoint import load_stage_model
-
-            model = load_stage_model(ctx.name, ctx.stage, ctx.checkpoint, ctx.device)
-            vocab = model.get_output_embeddings().weight.shape[0]
-            mask = stops.suppress_mask(torch, vocab, ctx.device) if stops.suppress else None
-            self.engine = TorchLMEngine(ctx, model, model.get_input_embeddings(), vocab, mask)
+        if ctx.stage.tp_size > 1:
+            raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
+        self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
+        # SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias
+        self.suppress = tuple((t, float("-inf")) for t in stops.suppress)
         self.reqs: dict[str, _Request] = {}
         self._refused: list[Output] = []  # requests refused at start, reported by the next step
 

@@ -91,6 +91,14 @@ class StageExecutor(ABC):
     def warmup(self) -> None:  # noqa: B027 - optional hook
         """Run a dummy pass so the first request does not pay for lazy initialisation."""
 
+    def close(self) -> None:
+        """Give up what the stage holds for its process: an autoregressive stage's SGLang
+        engine (``engine``) its process-wide state, so that another can load in this process
+        after it (a stage process runs one for its life; tests run several in turn)."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
     @abstractmethod
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None: ...
 

@@ -1,10 +1,9 @@
-"""Constrained decoding for ``response_format``: xgrammar (the grammar backend SGLang uses by
-default) compiles a JSON schema, or JSON itself, against the decoder's tokenizer; each step,
-the request's matcher masks the logits to the tokens that keep the output valid, and the token
-picked advances it. Output is compact JSON (no free whitespace between tokens), so a reply
-cannot wander in whitespace until its token limit. xgrammar comes with the ``worker`` extra
-(both locks install it); an install without it refuses a request with a ``response_format``
-other than text."""
+"""Constrained decoding for ``response_format``: what a reply must be (``Grammar``), which
+SGLang's grammar backend (xgrammar) compiles against the decoder's tokenizer and applies each
+step (``worker.engines.sglang.engine``). Output is compact JSON (no free whitespace between
+tokens), so a reply cannot wander in whitespace until its token limit. xgrammar comes with the
+``worker`` extra (both locks install it); an install without it refuses a request with a
+``response_format`` other than text."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -66,49 +63,3 @@ def check_schema(schema: dict) -> None:
         xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
     except Exception as exc:  # xgrammar raises RuntimeError for schemas it cannot take
         raise ValueError(str(exc)) from None
-
-
-class GrammarBackend:
-    """One decoder's compiler (its tokenizer's vocabulary), compiled grammars cached."""
-
-    def __init__(self, checkpoint: Path, vocab_size: int) -> None:
-        import xgrammar as xgr
-        from transformers import AutoTokenizer
-
-        self.xgr = xgr
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.info)
-        self._compiled = lru_cache(maxsize=64)(self._compile)
-
-    def _compile(self, grammar: Grammar) -> Any:
-        if grammar.kind == "json":
-            return self.compiler.compile_builtin_json_grammar()
-        return self.compiler.compile_json_schema(grammar.schema, any_whitespace=False)
-
-    def matcher(self, grammar: Grammar) -> Matcher:
-        return Matcher(self, self.xgr.GrammarMatcher(self._compiled(grammar)))
-
-
-class Matcher:
-    """One request's position in its grammar."""
-
-    def __init__(self, backend: GrammarBackend, matcher: Any) -> None:
-        self.xgr = backend.xgr
-        self.matcher = matcher
-        self.bitmask = backend.xgr.allocate_token_bitmask(1, backend.info.vocab_size)
-
-    def mask(self, row: Any) -> Any:
-        """``row`` (vocab logits, float32) with the tokens the grammar forbids at -inf."""
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        out = row[None].clone()
-        self.xgr.apply_token_bitmask_inplace(out, self.bitmask.to(out.device))
-        return out[0]
-
-    def accept(self, token: int) -> None:
-        if not self.matcher.accept_token(token):
-            raise ValueError(f"token {token} does not fit the response format")
-
-    @property
-    def done(self) -> bool:
-        return bool(self.matcher.is_terminated())

@@ -1,5 +1,7 @@
-"""Choosing the next token from a decoder's logits, per request: greedy, or sampled with the
-OpenAI and vLLM/SGLang fields, in the order transformers' ``generate`` applies them.
+"""A request's sampling settings (``Sampling``: what the API takes, SGLang's sampler honours),
+and the project's own sampler, which picks the talkers' codes in their models
+(``worker.stages.talker_sampling``): greedy, or sampled with the OpenAI and vLLM/SGLang fields,
+in the order transformers' ``generate`` applies them.
 
 0. ``logit_bias`` (OpenAI's): added to the logits of the tokens it names;
 1. ``repetition_penalty`` (transformers' ``RepetitionPenaltyLogitsProcessor``): the logit of
@@ -71,21 +73,6 @@ class SamplerState:
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.sampling.repetition_penalty not in (None, 1.0):
             self.seen.add(token)
-
-
-def logprobs(torch: Any, logits: Any, tokens: list[int], top: int) -> list[tuple]:
-    """Per row: (the chosen token's log probability, the ``top`` most likely tokens with
-    theirs), from the model's distribution (the logits before sampling settings, as vLLM
-    reports them by default)."""
-    lp = logits.float().log_softmax(-1)
-    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
-    if top:
-        values, ids = lp.topk(top, dim=-1)
-        alts = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(),
-                                                             strict=True)]  # fmt: skip
-    else:
-        alts = [[] for _ in tokens]
-    return [(c, a) for c, a in zip(chosen, alts, strict=True)]
 
 
 def pick(torch: Any, logits: Any, states: list[SamplerState]) -> list[int]:

@@ -155,7 +155,7 @@ class _ConvNeXt(_Op):
         self.block, self.conv, self.at = block, conv, slot
 
     def __call__(self, x: torch.Tensor, state: list[Any], slot: int) -> torch.Tensor:
-        b = self.block
+        b: Any = self.block
         h = self.conv(x, state, self.at).transpose(1, 2)
         h = b.pwconv2(F.gelu(b.pwconv1(b.norm(h))))
         return x + (b.gamma * h).transpose(1, 2)
@@ -176,7 +176,7 @@ class ConvPart:
     def _seq(self, modules: Any) -> _Sequence:
         return _Sequence([self._op(m) for m in modules])
 
-    def _op(self, m: nn.Module) -> tuple[_Op, int]:
+    def _op(self, m: Any) -> tuple[_Op, int]:
         """By the layers' shape, as both vocoders (the project's Qwen3-TTS codec and
         transformers' Qwen3-Omni code2wav) name them; anything else is refused."""
         conv = getattr(m, "conv", None)
@@ -270,7 +270,7 @@ def _merge(states: list[list[Any]]) -> list[Any]:
     """One state for a batch of blocks (their slots concatenated along the batch)."""
     if len(states) == 1:
         return list(states[0])
-    merged = []
+    merged: list[Any] = []
     for slots in zip(*states, strict=True):
         if slots[0] is None:
             merged.append(None)
@@ -313,6 +313,12 @@ class Stream:
 
     def finished(self) -> bool:
         return self.ended and self.done >= len(self.frames)
+
+
+def _open(s: Stream) -> Block:
+    if s.block is None:
+        raise RuntimeError("a stream stepped before its block was opened")
+    return s.block
 
 
 class VocoderExecutor(StageExecutor):
@@ -400,7 +406,7 @@ class VocoderExecutor(StageExecutor):
         batches = alone + [g[i : i + cap] for g in groups.values() for i in range(0, len(g), cap)]
         with torch.inference_mode():
             for batch in batches:
-                work = [(s.block, s.frames[s.done : s.done + n]) for _, s, n in batch]
+                work = [(_open(s), s.frames[s.done : s.done + n]) for _, s, n in batch]
                 for (rid, s, n), wav in zip(batch, self.decoder.decode(work), strict=True):
                     s.done += n
                     s.step = min(2 * (s.step or b.first), b.chunk)

@@ -158,12 +158,12 @@ class PagedAttention(TorchNativeAttnBackend):
             or (layer.sliding_window_size is not None and layer.sliding_window_size > -1)
         )
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # type: ignore[no-untyped-def]
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if self._own(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.attend(q, k, v, layer, forward_batch, save_kv_cache)
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):  # type: ignore[no-untyped-def]
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if self._own(layer):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         return self.attend(q, k, v, layer, forward_batch, save_kv_cache)

@@ -181,7 +181,7 @@ class _Moe:
             out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
             out = out.index_add_(0, rows, pairs.float() * weights.view(-1)[order, None])
             out = out.to(h.dtype)
-        if self.shared is not None:
+        if self.shared is not None and self.shared_gate is not None:
             out = out + self.shared(h) * torch.sigmoid(F.linear(h, self.shared_gate))
         return out
 

@@ -28,6 +28,10 @@ from worker.stages.base import StageContext
 # SGLang's names for our dtypes
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
+# SGLang builds its process groups and its global settings once a process
+# (``distributed/bootstrap.py:100-110``): one engine at a time, the next after ``close``
+_live: SGLangEngine | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
@@ -69,6 +73,13 @@ class SGLangEngine:
     def __init__(
         self, settings: EngineSettings, on_forward: Callable[[ForwardTrace], None] | None = None
     ) -> None:
+        global _live
+        if _live is not None:
+            raise RuntimeError(
+                "an SGLang engine already runs in this process: SGLang builds its process "
+                "groups once a process (one autoregressive stage per process; close() the "
+                "other first)"
+            )
         vendor.load()
         from sglang.srt.managers import io_struct
         from sglang.srt.managers.scheduler import Scheduler, SpawnRanks, publish
@@ -81,7 +92,12 @@ class SGLangEngine:
         gpu = int(settings.device.split(":")[1]) if settings.device.startswith("cuda:") else 0
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None,
                                                                  gpu_id=gpu))  # fmt: skip
-        self.scheduler = _stage_scheduler(Scheduler)(server_args, PortArgs.init_new(server_args))
+        try:
+            ports = PortArgs.init_new(server_args)
+            self.scheduler = _stage_scheduler(Scheduler)(server_args, ports)
+        except BaseException:
+            _destroy_parallel_state()  # (what it built before it failed)
+            raise
         self.outputs: list[Any] = []
         captured = _Captured(self.outputs)
         s = self.scheduler
@@ -97,6 +113,16 @@ class SGLangEngine:
         # keep their KV, outside the scheduler's running batch
         self.held: set[str] = set()
         self.parked: Any = None  # their ScheduleBatch
+        _live = self
+
+    def close(self) -> None:
+        """This process's SGLang state given up (its process groups, ``distributed/
+        parallel_state.py:3266-3340``), so that another engine can start here; this one cannot
+        step afterwards."""
+        global _live
+        if _live is self:
+            _destroy_parallel_state()
+            _live = None
 
     @property
     def model(self) -> Any:
@@ -271,6 +297,16 @@ class SGLangEngine:
                 events.append(ev)
         self.outputs.clear()
         return events
+
+
+def _destroy_parallel_state() -> None:
+    from sglang.srt.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
 
 
 def _split(batch: Any, rows: list[int]) -> Any:

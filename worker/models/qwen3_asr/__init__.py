@@ -11,11 +11,6 @@ from worker.stages.base import StageContext, StageExecutor
 MODEL_TYPE = "qwen3_asr"
 
 
-def runs_on_sglang(ctx: StageContext) -> bool:
-    """The stage that ``engine.backend: sglang`` serves: asr (its decoder and encoder)."""
-    return ctx.stage.executor == Executor.AUTOREGRESSIVE
-
-
 def make_executor(ctx: StageContext) -> StageExecutor:
     if ctx.stage.executor == Executor.ENCODER:
         from worker.models.qwen3_asr.stages import AlignerExecutor
@@ -27,6 +22,6 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             f"decoder) and optionally an encoder stage (the forced aligner); not "
             f"{ctx.stage.executor}"
         )
-    from worker.models.qwen3_asr.stages import ASRExecutor  # (on the spec's engine)
+    from worker.models.qwen3_asr.stages import ASRExecutor
 
     return ASRExecutor(ctx)

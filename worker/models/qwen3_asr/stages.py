@@ -1,10 +1,9 @@
 """Qwen3-ASR's one stage: audio encoder + Qwen3 decoder (component: the whole model).
 
 A transcription request becomes clips cut near pauses (``processor``: at most 1200 s each, 180 s
-when timestamps are wanted); every clip is a request of the stage's engine
-(``worker.engines.base``: SGLang's scheduler running SGLang's own Qwen3-ASR with
-``engine.backend: sglang``, as the shipped specs do, or the project's ``asr_torch``), and all
-running clips of all requests step together (one engine step per ``step``). When a clip ends,
+when timestamps are wanted); every clip is a request of SGLang's scheduler running SGLang's own
+Qwen3-ASR (``worker.engines.sglang``), and all running clips of all requests step together (one
+engine step per ``step``). When a clip ends,
 its text goes out as one delta, preceded by a ``clip`` output (the language the model wrote,
 the clip's start and end in seconds: a ``ClipStart`` event), which the transcription API turns
 into ``language`` and segments. Greedy unless the request samples (``temperature``), as the official
@@ -17,8 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.spec import Backend
-from worker.engines.base import Engine, EngineRequest
+from worker.engines.base import EngineRequest
 from worker.models.qwen3_asr.processor import (
     MAX_ALIGN_CLIP_SECONDS,
     MAX_CLIP_SECONDS,
@@ -39,7 +37,7 @@ from worker.stages.base import (
     StageExecutor,
 )
 from worker.stages.request import RequestInput, TranscriptionOptions
-from worker.stages.sampling import SamplerState, Sampling
+from worker.stages.sampling import Sampling
 
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 
@@ -56,7 +54,7 @@ class _Clip:
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     done: bool = False
-    sampler: SamplerState = field(default_factory=lambda: SamplerState(Sampling()))
+    sampling: Sampling = field(default_factory=Sampling)
 
 
 @dataclass
@@ -79,16 +77,9 @@ class ASRExecutor(StageExecutor):
         self.torch = torch
         ctx = self.ctx
         config = json.loads((ctx.checkpoint / "config.json").read_text())
-        self.engine: Engine
-        self.on_sglang = ctx.stage.engine.backend == Backend.SGLANG
-        if self.on_sglang:
-            from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
-            self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
-        else:
-            from worker.models.qwen3_asr.asr_torch import TorchASREngine
-
-            self.engine = TorchASREngine(ctx)
+        self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
         self.processor = ASRProcessor(ctx.checkpoint)
         self.eos = set(EOS) | {token_id(self.processor.tokenizer, "<|im_end|>")}
         self.max_new = ctx.stage.engine.max_new_tokens
@@ -167,7 +158,7 @@ class ASRExecutor(StageExecutor):
                     c.start,
                     c.end,
                     kept[i],
-                    sampler=SamplerState.of(sampling, c.ids),
+                    sampling=sampling or Sampling(),
                 )
                 for i, c in enumerate(clips)
             ],
@@ -207,7 +198,7 @@ class ASRExecutor(StageExecutor):
                     key,
                     list(c.ids),
                     self.max_new,
-                    sampling=c.sampler.sampling,
+                    sampling=c.sampling,
                     stop_token_ids=frozenset(self.eos),
                     multimodal=self._audio(c),
                 )
@@ -224,13 +215,11 @@ class ASRExecutor(StageExecutor):
                 clip.done = True
 
     def _audio(self, c: _Clip) -> Any:
-        """The clip's audio in the engine's form: its Whisper features as SGLang's multimodal
-        item (keyed by a hash of them; the checkpoint's rope gives every section the same
-        position, so the prompt's positions are plain ones), or the features themselves."""
+        """The clip's audio as SGLang's multimodal item: its Whisper features (keyed by a hash
+        of them; the checkpoint's rope gives every section the same position, so the prompt's
+        positions are plain ones)."""
         torch = self.torch
         features = torch.as_tensor(c.features, dtype=torch.float32)
-        if not self.on_sglang:
-            return features
         from sglang.srt.managers.schedule_batch import (
             Modality,
             MultimodalDataItem,

@@ -9,15 +9,10 @@ the vision encoder (``thinker.model.audio_tower`` / ``thinker.model.visual``), t
 
 from __future__ import annotations
 
-from planner.spec import Backend, Executor
+from planner.spec import Executor
 from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_omni_moe"
-
-
-def runs_on_sglang(ctx: StageContext) -> bool:
-    """The stages that ``engine.backend: sglang`` serves: the thinker and the talker."""
-    return bool(ctx.stage.component and ctx.stage.component.module in ("thinker", "talker"))
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
@@ -34,10 +29,8 @@ def make_executor(ctx: StageContext) -> StageExecutor:
         from worker.models.qwen3_omni.encoders import AudioTowerExecutor as cls
     elif module == "thinker.model.visual":
         from worker.models.qwen3_omni.encoders import VisionExecutor as cls
-    elif module == "thinker":  # (on the spec's engine: SGLang's or the torch one)
+    elif module == "thinker":
         from worker.models.qwen3_omni.thinker import ThinkerExecutor as cls
-    elif module == "talker" and ctx.stage.engine.backend == Backend.SGLANG:
-        from worker.models.qwen3_omni.talker_sglang import SGLangTalkerExecutor as cls
     elif module == "talker":
         from worker.models.qwen3_omni.talker import TalkerExecutor as cls
     elif module == "code2wav":

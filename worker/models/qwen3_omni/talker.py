@@ -1,4 +1,5 @@
-"""Qwen3-Omni's talker: codec frames of all code groups, streamed while the thinker runs.
+"""Qwen3-Omni's talker: codec frames of all code groups, streamed while the thinker runs, on
+SGLang's scheduler (the model class ``talker_sglang.Qwen3OmniTalkerForSGLang``).
 
 Its prompt is built as the real model builds it: every user turn from the thinker (text
 positions through ``text_projection`` of the thinker's embeddings, audio and image positions
@@ -7,23 +8,29 @@ assistant turn's first tokens with the codec control codes and the speaker. Each
 feeds the sum of the previous frame's code embeddings plus the projection of the thinker's
 next text token (``tts_eos`` after the last one, ``tts_pad`` from then on), so a step needs
 only the next two of the thinker's tokens, not the whole reply: audio starts while the thinker
-is still writing. The talker predicts a frame's first code; its code predictor the others.
-Each is picked as ``generate`` picks it: the control codes suppressed, then the request's
-talker sampling (``worker.stages.talker_sampling``): by default the checkpoint's ``talker_*``
-generation settings (``generate``'s own defaults: sampled at temperature 0.9, top-k 50,
-repetition penalty 1.05 on the first codes) and, for the code predictor, its config's
-``do_sample`` (greedy on the released checkpoints).
+is still writing. The talker predicts a frame's first code; its code predictor the others,
+inside the talker's step (in the model class). Each is picked as ``generate`` picks it: the
+control codes suppressed, then the request's talker sampling (``worker.stages.talker_sampling``):
+by default the checkpoint's ``talker_*`` generation settings (``generate``'s own defaults:
+sampled at temperature 0.9, top-k 50, repetition penalty 1.05 on the first codes) and, for the
+code predictor, its config's ``do_sample`` (greedy on the released checkpoints).
+
+A step submits the requests it admits and runs SGLang until they are prefilled (every other
+request held), then one decode step of the ready requests (the others held: a request whose
+next thinker token has not come sits out, keeping its KV).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from worker.models.qwen3_omni.common import load, on_device
+from worker.engines.base import EngineRequest
+from worker.models.qwen3_omni.common import on_device
+from worker.models.qwen3_omni.talker_sglang import register, sglang_model_dir
+from worker.models.stage_weights import LoadReport
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -35,14 +42,8 @@ from worker.stages.base import (
     check_prompt,
 )
 from worker.stages.generation_config import read_generation_config
-from worker.stages.kvbatch import KVBatch
-from worker.stages.sampling import SamplerState
-from worker.stages.talker_sampling import (
-    TalkerSampling,
-    pick_codes,
-    predictor_choice,
-    sampled,
-)
+from worker.stages.sampling import SamplerState, Sampling
+from worker.stages.talker_sampling import TalkerSampling, sampled
 
 DEFAULT_SPEAKER = "ethan"
 
@@ -85,7 +86,7 @@ class _Request:
     past_hidden: Any = None  # the talker's last hidden state (1, 1, H)
     frames: int = 0
     text_read: int = 0  # positions of the thinker's reply (and its end) the talker has read
-    # on SGLang (talker_sglang): the prompt the model reads, and each step's inputs and output
+    # what the model (talker_sglang) reads: the prompt, and each step's inputs and output
     prompt_embeds: Any = None  # (1, positions, H)
     positions: Any = None  # its 3-D rope positions (3, positions)
     trailing: Any = None  # the text the coming step reads (H,)
@@ -96,13 +97,21 @@ class TalkerExecutor(StageExecutor):
     def load(self) -> None:
         import torch
 
+        from worker.engines import sglang as vendor
+        from worker.engines.sglang.talkers import held_tensors, talker_engine
+
         self.torch = torch
-        self.config, self.talker = self._load_talker()
+        vendor.load()
+        register()
+        self.engine, self.model_dir = talker_engine(self.ctx, sglang_model_dir)
+        self.model: Any = self.engine.model
+        self.ctx.extra["loaded"] = LoadReport(*held_tensors(self.model), ())  # (gpu_check)
+        self.config, self.talker = self.model.omni_config, self.model.hf
         tc = self.config.talker_config
         self.tc = tc
         self.codec_embed = self.talker.get_input_embeddings()
         self.eos = tc.codec_eos_token_id
-        self.suppress = suppressed_codes(torch, tc, self.ctx.device)
+        self.pad = int(tc.codec_pad_id)
         self.mm_ids = torch.tensor(
             [tc.audio_token_id, tc.image_token_id, tc.video_token_id], device=self.ctx.device
         )
@@ -116,12 +125,8 @@ class TalkerExecutor(StageExecutor):
         )
         self.pending: list[_Request] = []
         self.running: dict[str, _Request] = {}
-        self.batch = KVBatch()
-        self.deltas: Any = None
-
-    def _load_talker(self) -> tuple[Any, Any]:
-        """(the model's config, the talker module): transformers' whole talker."""
-        return load(self.ctx)
+        self.model.states = self.running  # what the model reads is what runs
+        self.starting: list[_Request] = []  # submitted this step, not prefilled yet
 
     def warmup(self) -> None:
         meta = RequestMeta("chat", frozenset({"audio"}))
@@ -182,7 +187,7 @@ class TalkerExecutor(StageExecutor):
     def abort(self, rid: str) -> None:
         self.pending = [r for r in self.pending if r.rid != rid]
         if self.running.pop(rid, None) is not None:
-            self.batch.leave({rid})
+            self.engine.abort(rid)
 
     def next_deadline(self) -> float | None:
         if any(self._can_prefill(r) for r in self.pending):
@@ -232,7 +237,13 @@ class TalkerExecutor(StageExecutor):
         return self._fits(r, len(r.prompt["input_ids"]) + 9)
 
     def _fits(self, r: _Request, positions: int) -> bool:
-        return not self.running or self.batch.fits(positions, self.ctx.kv_tokens)
+        """Its prompt and every frame it may add beside what the running requests may still
+        take: SGLang never has to retract a talker's row (which it would prefill again from
+        placeholder ids)."""
+        if not self.running:  # (alone: its prompt is checked against the pool when built)
+            return True
+        taken = sum(x.positions.shape[1] + x.max_new for x in self.running.values())
+        return taken + positions + r.max_new <= self.engine.pool_tokens
 
     def _ready(self, r: _Request) -> bool:
         """Step k needs the thinker's token k + 1 and to know whether it is the last one."""
@@ -306,7 +317,7 @@ class TalkerExecutor(StageExecutor):
             raise ValueError(
                 f"the talker's prompt of {total} positions exceeds the context length {context}"
             )
-        r.max_new = min(r.max_new, context - total)
+        r.max_new = min(r.max_new, context - total, self.engine.pool_tokens - total)
         if lens or grid is not None or video is not None:
             positions, deltas = self.talker.get_rope_index(
                 talker_ids,
@@ -323,70 +334,65 @@ class TalkerExecutor(StageExecutor):
         return inputs, torch.arange(total, device=dev).view(1, -1).expand(3, -1)
 
     def _prefill(self, r: _Request) -> list[Output]:
-        """Start ``r``: its prompt through the talker, its first code picked."""
-        torch = self.torch
-        inputs, positions = self._prompt(r)
-        total = inputs.shape[1]
-        text_pos = torch.arange(total, device=self.ctx.device).view(1, 1, -1)
-        out = self.talker.model(
-            inputs_embeds=inputs,
-            position_ids=torch.cat([text_pos, positions[:, None]]),
-            use_cache=True,
-        )
-        r.pos = total
-        r.past_hidden = out.last_hidden_state[:, -1:]
-        code = self._pick(self.talker.codec_head(out.last_hidden_state[:, -1]), [r])[0]
-        r.codes.append(code)
-        if code == self.eos or r.max_new <= 1:
-            return self._finish(r)
+        """Submit ``r``: its prompt (the placeholder ids SGLang holds for it, the embeddings
+        and rope positions the model reads), its frames to come at most."""
+        r.prompt_embeds, positions = self._prompt(r)
+        r.positions = positions.long()  # (transformers' rope index may be floats)
+        r.pos = r.prompt_embeds.shape[1]
         self.running[r.rid] = r
-        self.batch.join(r.rid, out.cache, total)
+        self.engine.submit(
+            EngineRequest(
+                r.rid,
+                [self.pad] * r.pos,
+                max_new_tokens=r.max_new,
+                sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
+                stop_token_ids=frozenset({self.eos}),
+            )
+        )
+        self.starting.append(r)
         return []
 
     def _prefilled(self) -> list[Output]:
-        """What the prefills of this step gave beyond ``_prefill``'s (on this engine, each
-        ran there)."""
-        return []
+        """The engine run until this step's new prompts are prefilled (their first codes
+        picked), every running request held."""
+        outs: list[Output] = []
+        while self.starting:
+            if not self.engine.has_work():
+                raise RuntimeError("the talker's prompts were not prefilled")
+            outs += self._run({r.rid for r in self.starting}, [])
+            self.starting = [r for r in self.starting if not r.codes and r.rid in self.running]
+        return outs
 
     # ---- one frame for every ready request -------------------------------------------------
     def _step(self, rows: list[_Request]) -> list[Output]:
-        torch = self.torch
-        dev = self.ctx.device
         for r in rows:
             r.trailing = self._trailing(r, len(r.codes) - 1)
-        embeds = frame_inputs(self.talker, self.codec_embed, rows)[:, None]
+        return self._run({r.rid for r in rows}, rows)
+
+    def _run(self, stepping: set[str], fed: list[_Request]) -> list[Output]:
+        """One engine step of the ``stepping`` requests (the others held): the frames ``fed``
+        in (a decode step's rows) come out first, then each pick; a request that picked
+        end-of-speech or reached its frames ends."""
+        self.engine.held = {rid for rid in self.running if rid not in stepping}
+        events = self.engine.step()
         outs: list[Output] = []
-        for r in rows:
+        for r in fed:
+            if r.frame is None:
+                raise RuntimeError(f"talker request {r.rid} was not stepped")
             outs.append((CHUNK, r.rid, {"codes": r.frame}))
+            r.frame = None
             r.frames += 1
-        # rows not ready this step sit out as masked bubbles
-        index = {r.rid: i for i, r in enumerate(rows)}
-        full = [self.running[rid] for rid in self.batch.rids]
-        step_embeds = torch.cat(
-            [
-                embeds[index[r.rid] : index[r.rid] + 1] if r.rid in index else embeds[:1] * 0
-                for r in full
-            ]
-        )
-        valid = torch.tensor([r.rid in index for r in full], device=dev)
-        self.deltas = torch.tensor([r.delta for r in full], device=dev)
-        positions = torch.tensor([r.pos for r in full], device=dev)
-        logits, hidden = self.batch.step(self._forward, step_embeds, valid, positions, True)
-        # (only the ready rows draw: a bubble's draw would tie its codes to the schedule)
-        ready = [i for i, r in enumerate(full) if r.rid in index]
-        codes = dict(zip(ready, self._pick(logits[ready], [full[i] for i in ready]), strict=True))
-        done: set[str] = set()
-        for i, r in enumerate(full):
-            if r.rid not in index:
-                continue
             r.pos += 1
-            r.past_hidden = hidden[i : i + 1][:, None]
-            r.codes.append(codes[i])
-            if codes[i] == self.eos or len(r.codes) >= r.max_new:
-                outs += self._finish(r)
-                done.add(r.rid)
-        if done:
-            self.batch.leave(done)
+        for ev in events:
+            req = self.running.get(ev.rid)
+            if req is None:
+                continue
+            req.codes.extend(ev.tokens)
+            if ev.finish == "abort":
+                del self.running[req.rid]
+                outs.append((INVALID, req.rid, f"{self.ctx.name}: {ev.error}"))
+            elif ev.finish is not None:
+                outs += self._finish(req)
         return outs
 
     def _trailing(self, r: _Request, k: int) -> Any:
@@ -404,88 +410,7 @@ class TalkerExecutor(StageExecutor):
         e = on_device(r.embeds[k + 1], self.ctx.device, self.codec_embed.weight.dtype)
         return self.talker.text_projection(e[None])[0]
 
-    def _forward(
-        self, inputs_embeds: Any, attention_mask: Any, position_ids: Any, cache: Any, **_: Any
-    ) -> Any:
-        rope = (position_ids + self.deltas[:, None])[None].expand(3, -1, -1)
-        out = self.talker.model(
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=self.torch.cat([position_ids[None], rope]),
-            cache=cache,
-            use_cache=True,
-        )
-        h = out.last_hidden_state
-        return SimpleNamespace(
-            logits=self.talker.codec_head(h), hidden_states=(h,), cache=out.cache
-        )
-
-    def _pick(self, logits: Any, rows: list[_Request]) -> list[int]:
-        return pick_first_codes(logits, self.suppress, rows)
-
     def _finish(self, r: _Request) -> list[Output]:
         self.running.pop(r.rid, None)
         info = {"frames": r.frames, "text_tokens_read": r.text_read}
         return [(END, r.rid, info), (DONE, r.rid, info)]
-
-
-# ---- what both engines compute alike (the torch executor above, talker_sglang's model) -------
-def suppressed_codes(torch: Any, tc: Any, device: Any) -> Any:
-    """The first codes ``generate`` never picks: the control codes (the vocabulary's last
-    1,024) but end-of-speech."""
-    vocab = tc.text_config.vocab_size
-    suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-    suppress[max(0, vocab - 1024) :] = True
-    suppress[tc.codec_eos_token_id] = False
-    return suppress
-
-
-def pick_first_codes(logits: Any, suppress: Any, rows: list[_Request]) -> list[int]:
-    """Each row's next first code: the control codes suppressed, then its sampler (the
-    repetition penalty over its first codes so far, and its draw)."""
-    import torch
-
-    logits = logits.float().masked_fill(suppress, float("-inf"))
-    return pick_codes(torch, logits, [r.first_picks for r in rows])
-
-
-def frame_inputs(talker: Any, codec_embed: Any, rows: list[_Request]) -> Any:
-    """The next step's input of each row (rows x H): the code predictor completes the frame
-    whose first code the row picked last (``r.frame``, all its codes), and the frame's code
-    embeddings plus the text the row reads at that step (``r.trailing``) are summed."""
-    import torch
-
-    dev = codec_embed.weight.device
-    last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
-    past = torch.cat([r.past_hidden for r in rows])
-    residual = residual_codes(talker, codec_embed, past, last, rows)  # (B, groups - 1)
-    predictor = talker.code_predictor
-    frame_sum = codec_embed(last)[:, 0]
-    for j in range(residual.shape[1]):
-        frame_sum = frame_sum + predictor.model.codec_embedding[j](residual[:, j])
-    for i, r in enumerate(rows):
-        r.frame = np.array([[r.codes[-1], *residual[i].tolist()]], dtype=np.int64)
-    return frame_sum + torch.stack([r.trailing for r in rows])
-
-
-def residual_codes(
-    talker: Any, codec_embed: Any, past: Any, first: Any, rows: list[_Request]
-) -> Any:
-    """The code predictor: codes 1..groups-1 of the frame whose first code is ``first``,
-    from the talker's hidden state that predicted it, each picked by the rows' samplers."""
-    import torch
-
-    predictor = talker.code_predictor
-    model = predictor.model
-    picked = predictor_choice(torch, [r.rest_picks for r in rows])
-
-    def choose(logits: Any) -> Any:
-        return logits.argmax(-1) if picked is None else picked(logits)
-
-    out = model(inputs_embeds=torch.cat([past, codec_embed(first)], dim=1), use_cache=True)
-    codes = [choose(predictor.lm_head[0](out.last_hidden_state[:, -1]))]
-    for j in range(1, talker.config.num_code_groups - 1):
-        e = model.codec_embedding[j - 1](codes[-1])[:, None]
-        out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
-        codes.append(choose(predictor.lm_head[j](out.last_hidden_state[:, -1])))
-    return torch.stack(codes, dim=1)

@@ -1,24 +1,22 @@
-"""The Qwen3-Omni talker on SGLang (``engine.backend: sglang``): SGLang's scheduler and KV pool
-under the talker's decoder, the project's own model class in SGLang's model registry.
+"""The Qwen3-Omni talker's model class on SGLang: SGLang's scheduler and KV pool under the
+talker's decoder, the project's own model class in SGLang's model registry.
 
 ``Qwen3OmniTalkerForSGLang`` is SGLang's ``Qwen3MoeForCausalLM`` (the talker's decoder is a
 Qwen3-MoE decoder: attention with q/k norms and interleaved 3-D rope) whose sparse blocks also
 carry the talker's shared expert under its sigmoid gate (as Qwen2-MoE's do), with the talker's
 other parts beside it, transformers' own modules: the text and hidden projections and the code
-predictor. The executor is the torch one's (``talker.TalkerExecutor``: the same requests, the
-same prompt) with SGLang under it; each request's state is its ``_Request``, which the model
-finds by ``ForwardBatch.rids``:
+predictor. The executor (``talker.TalkerExecutor``) builds each request's prompt; each
+request's state is its ``talker._Request``, which the model finds by ``ForwardBatch.rids``:
 
 - a prefill's inputs are the request's prompt embeddings and 3-D rope positions (the token ids
   SGLang holds for it are placeholders, so its prefix cache is off);
 - a decode step's input is the frame of the first code picked last: the code predictor's
-  passes run inside the step (``talker.frame_inputs``, as on the torch engine), then the
+  passes run inside the step (``frame_inputs``), then the
   frame's code embeddings plus the thinker's text the request reads at that step go through
   the decoder, at the request's rope position;
-- the next first code is picked in the model (``talker.pick_first_codes``: the control codes
+- the next first code is picked in the model (``pick_first_codes``: the control codes
   suppressed, the request's sampler and generator) and handed to SGLang's sampler as the only
-  finite logit: greedy there, it takes the pick. Greedy or seeded, the codes are the torch
-  engine's.
+  finite logit: greedy there, it takes the pick (as transformers' ``generate`` picks it).
 
 A request whose next thinker token has not arrived sits out the coming steps: the executor
 holds it (``SGLangEngine.held``) and it keeps its KV outside the running batch. No CUDA graphs
@@ -33,25 +31,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from worker.engines.sglang.talkers import (
-    handed_over,
-    held_tensors,
-    prompt_rows,
-    row_ends,
-    talker_engine,
-)
-from worker.models.qwen3_omni.talker import (
-    TalkerExecutor,
-    _Request,
-    frame_inputs,
-    pick_first_codes,
-    suppressed_codes,
-)
-from worker.models.stage_weights import LoadReport
-from worker.stages.base import CHUNK, INVALID, Output
-from worker.stages.sampling import Sampling
+from worker.engines.sglang.talkers import handed_over, prompt_rows, row_ends
+from worker.stages.talker_sampling import pick_codes, predictor_choice
 
 ARCHITECTURE = "Qwen3OmniTalkerForSGLang"
 # the checkpoint's tensors that SGLang's Qwen3-MoE decoder takes, and its names for them
@@ -165,7 +149,7 @@ def register() -> None:
             self.hf.codec_head = self.lm_head
             device = self.lm_head.weight.device
             self.suppress = suppressed_codes(torch, omni.talker_config, device)
-            self.states: dict[str, _Request] = {}  # the executor's running requests
+            self.states: dict[str, Any] = {}  # the executor's running requests (talker._Request)
 
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
             own = dict(self.hf.named_parameters())
@@ -230,101 +214,66 @@ def register() -> None:
     ModelRegistry.models[ARCHITECTURE] = Qwen3OmniTalkerForSGLang
 
 
-def _rows(reqs: list[_Request | None], at: list[int]) -> list[_Request]:
+def _rows(reqs: list[Any], at: list[int]) -> list[Any]:
     """The requests at rows ``at`` (rows of requests still running)."""
     return [r for i in at if (r := reqs[i]) is not None]
 
 
-class SGLangTalkerExecutor(TalkerExecutor):
-    """The talker's executor with SGLang's scheduler under it: a step submits the requests it
-    admits and runs SGLang until they are prefilled (every other request held), then one
-    decode step of the ready requests (the others held)."""
+# ---- the picks and the frame inputs the model computes in each step ---------------------------
+def suppressed_codes(torch: Any, tc: Any, device: Any) -> Any:
+    """The first codes ``generate`` never picks: the control codes (the vocabulary's last
+    1,024) but end-of-speech."""
+    vocab = tc.text_config.vocab_size
+    suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+    suppress[max(0, vocab - 1024) :] = True
+    suppress[tc.codec_eos_token_id] = False
+    return suppress
 
-    def _load_talker(self) -> tuple[Any, Any]:
-        from worker.engines import sglang as vendor
 
-        vendor.load()
-        register()
-        self.engine, self.model_dir = talker_engine(self.ctx, sglang_model_dir)
-        self.model: Any = self.engine.model
-        self.ctx.extra["loaded"] = LoadReport(*held_tensors(self.model), ())  # (gpu_check)
-        return self.model.omni_config, self.model.hf
+def pick_first_codes(logits: Any, suppress: Any, rows: list[Any]) -> list[int]:
+    """Each row's next first code: the control codes suppressed, then its sampler (the
+    repetition penalty over its first codes so far, and its draw)."""
+    import torch
 
-    def load(self) -> None:
-        super().load()
-        self.model.states = self.running  # what the model reads is what runs
-        self.pad = int(self.tc.codec_pad_id)
-        self.starting: list[_Request] = []  # submitted this step, not prefilled yet
+    logits = logits.float().masked_fill(suppress, float("-inf"))
+    return pick_codes(torch, logits, [r.first_picks for r in rows])
 
-    def abort(self, rid: str) -> None:
-        self.pending = [r for r in self.pending if r.rid != rid]
-        if self.running.pop(rid, None) is not None:
-            self.engine.abort(rid)
 
-    def _fits(self, r: _Request, positions: int) -> bool:
-        """Its prompt and every frame it may add beside what the running requests may still
-        take: SGLang never has to retract a talker's row (which it would prefill again from
-        placeholder ids)."""
-        taken = sum(x.positions.shape[1] + x.max_new for x in self.running.values())
-        return taken + positions + r.max_new <= self.engine.pool_tokens
+def frame_inputs(talker: Any, codec_embed: Any, rows: list[Any]) -> Any:
+    """The next step's input of each row (rows x H): the code predictor completes the frame
+    whose first code the row picked last (``r.frame``, all its codes), and the frame's code
+    embeddings plus the text the row reads at that step (``r.trailing``) are summed."""
+    import torch
 
-    def _prefill(self, r: _Request) -> list[Output]:
-        """Submit ``r``: its prompt (the placeholder ids SGLang holds for it, the embeddings
-        and rope positions the model reads), its frames to come at most."""
-        from worker.engines.base import EngineRequest
+    dev = codec_embed.weight.device
+    last = torch.tensor([[r.codes[-1]] for r in rows], device=dev)
+    past = torch.cat([r.past_hidden for r in rows])
+    residual = residual_codes(talker, codec_embed, past, last, rows)  # (B, groups - 1)
+    predictor = talker.code_predictor
+    frame_sum = codec_embed(last)[:, 0]
+    for j in range(residual.shape[1]):
+        frame_sum = frame_sum + predictor.model.codec_embedding[j](residual[:, j])
+    for i, r in enumerate(rows):
+        r.frame = np.array([[r.codes[-1], *residual[i].tolist()]], dtype=np.int64)
+    return frame_sum + torch.stack([r.trailing for r in rows])
 
-        r.prompt_embeds, positions = self._prompt(r)
-        r.positions = positions.long()  # (transformers' rope index may be floats)
-        r.pos = r.prompt_embeds.shape[1]
-        self.running[r.rid] = r
-        self.engine.submit(
-            EngineRequest(
-                r.rid,
-                [self.pad] * r.pos,
-                max_new_tokens=r.max_new,
-                sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
-                stop_token_ids=frozenset({self.eos}),
-            )
-        )
-        self.starting.append(r)
-        return []
 
-    def _prefilled(self) -> list[Output]:
-        outs: list[Output] = []
-        while self.starting:
-            if not self.engine.has_work():
-                raise RuntimeError("the talker's prompts were not prefilled")
-            outs += self._run({r.rid for r in self.starting}, [])
-            self.starting = [r for r in self.starting if not r.codes and r.rid in self.running]
-        return outs
+def residual_codes(talker: Any, codec_embed: Any, past: Any, first: Any, rows: list[Any]) -> Any:
+    """The code predictor: codes 1..groups-1 of the frame whose first code is ``first``,
+    from the talker's hidden state that predicted it, each picked by the rows' samplers."""
+    import torch
 
-    def _step(self, rows: list[_Request]) -> list[Output]:
-        for r in rows:
-            r.trailing = self._trailing(r, len(r.codes) - 1)
-        return self._run({r.rid for r in rows}, rows)
+    predictor = talker.code_predictor
+    model = predictor.model
+    picked = predictor_choice(torch, [r.rest_picks for r in rows])
 
-    def _run(self, stepping: set[str], fed: list[_Request]) -> list[Output]:
-        """One engine step of the ``stepping`` requests (the others held): the frames ``fed``
-        in (a decode step's rows) come out first, then each pick; a request that picked
-        end-of-speech or reached its frames ends."""
-        self.engine.held = {rid for rid in self.running if rid not in stepping}
-        events = self.engine.step()
-        outs: list[Output] = []
-        for r in fed:
-            if r.frame is None:
-                raise RuntimeError(f"talker request {r.rid} was not stepped")
-            outs.append((CHUNK, r.rid, {"codes": r.frame}))
-            r.frame = None
-            r.frames += 1
-            r.pos += 1
-        for ev in events:
-            req = self.running.get(ev.rid)
-            if req is None:
-                continue
-            req.codes.extend(ev.tokens)
-            if ev.finish == "abort":
-                del self.running[req.rid]
-                outs.append((INVALID, req.rid, f"{self.ctx.name}: {ev.error}"))
-            elif ev.finish is not None:
-                outs += self._finish(req)
-        return outs
+    def choose(logits: Any) -> Any:
+        return logits.argmax(-1) if picked is None else picked(logits)
+
+    out = model(inputs_embeds=torch.cat([past, codec_embed(first)], dim=1), use_cache=True)
+    codes = [choose(predictor.lm_head[0](out.last_hidden_state[:, -1]))]
+    for j in range(1, talker.config.num_code_groups - 1):
+        e = model.codec_embedding[j - 1](codes[-1])[:, None]
+        out = model(inputs_embeds=e, cache=out.cache, use_cache=True)
+        codes.append(choose(predictor.lm_head[j](out.last_hidden_state[:, -1])))
+    return torch.stack(codes, dim=1)

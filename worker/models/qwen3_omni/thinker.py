@@ -1,11 +1,10 @@
-"""Qwen3-Omni's thinker: the MoE language model under an engine (``worker.engines.base``):
-SGLang's scheduler (``engine.backend: sglang``, what the shipped specs and tiny-omni run) or the
-project's own (``backend: transformers``, ``thinker_torch``). What the stage does is the same
-on both: the prompt (token ids, the encoders' outputs from the encoder stages) goes to the
-engine, tokens stream to decode as they come, a given reply (speech of a known text) streams
-whole, and with speech output the talker gets the prompt's token embeddings and its hidden
-states at the talker's ``accept_hidden_layer`` (captured during the prompt's prefill forwards:
-``worker.engines.sglang.models.Qwen3OmniThinker`` on SGLang), then each new token's embedding.
+"""Qwen3-Omni's thinker: the MoE language model on SGLang's scheduler (the project's
+``worker.engines.sglang.models.Qwen3OmniThinker`` in SGLang's model registry). The prompt
+(token ids, the encoders' outputs from the encoder stages) goes to the engine, tokens stream to
+decode as they come, a given reply (speech of a known text) streams whole, and with speech
+output the talker gets the prompt's token embeddings and its hidden states at the talker's
+``accept_hidden_layer`` (captured during the prompt's prefill forwards), then each new token's
+embedding.
 
 What SGLang does beyond: the paged KV pool (sized by the plan), the radix prefix cache (a turn
 that repeats an earlier prompt's start computes only what is new; ``cached_tokens`` says how
@@ -26,8 +25,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.spec import Backend
-from worker.engines.base import Engine, EngineEvent, EngineRequest, ForwardTrace
+from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace
 from worker.models.qwen3_omni.media_states import MediaRun, media_runs
 from worker.stages.base import (
     CHUNK,
@@ -63,30 +61,18 @@ class _Request:
 class ThinkerExecutor(StageExecutor):
     def load(self) -> None:
         import torch
+        from transformers import Qwen3OmniMoeConfig
+
+        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
         self.torch = torch
         ctx = self.ctx
-        self.on_sglang = ctx.stage.engine.backend == Backend.SGLANG
-        self.engine: Engine
-        if self.on_sglang:
-            from transformers import Qwen3OmniMoeConfig
-
-            from worker.engines.sglang.engine import EngineSettings, SGLangEngine
-
-            if ctx.stage.tp_size > 1:
-                raise ValueError(
-                    f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet"
-                )
-            self.config = Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint)
-            sglang = SGLangEngine(EngineSettings.of_stage(ctx), on_forward=self._on_forward)
-            self.engine, self.capturer = sglang, sglang.model
-            self.embed = sglang.model.thinker.model.embed_tokens
-        else:
-            from worker.models.qwen3_omni.thinker_torch import TorchThinkerEngine
-
-            own = TorchThinkerEngine(ctx, on_forward=self._on_forward)
-            self.engine, self.capturer, self.config = own, own, own.config
-            self.embed = own.embed
+        if ctx.stage.tp_size > 1:
+            raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
+        self.config = Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint)
+        self.engine = SGLangEngine(EngineSettings.of_stage(ctx), on_forward=self._on_forward)
+        self.capturer = self.engine.model
+        self.embed = self.engine.model.thinker.model.embed_tokens
         tc: Any = self.config.thinker_config
         self.tc = tc
         stops = stop_tokens(
@@ -97,9 +83,8 @@ class ThinkerExecutor(StageExecutor):
         self.eos = frozenset(stops.eos)
         # (Qwen3-Omni's generation config sets its talker's sampling only: greedy text)
         self.defaults = sampling_defaults(ctx.component_dir())
-        # (SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias; the
-        # torch engine masks them itself)
-        self.suppress = tuple((t, float("-inf")) for t in stops.suppress) if self.on_sglang else ()
+        # (SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias)
+        self.suppress = tuple((t, float("-inf")) for t in stops.suppress)
         self.tts_ids = [
             self.config.tts_bos_token_id,
             self.config.tts_eos_token_id,
@@ -141,7 +126,7 @@ class ThinkerExecutor(StageExecutor):
             self._refused.append((INVALID, rid, f"{self.ctx.name}: {exc}"))
             return
         namespace = None
-        if r.to_talker and multimodal is not None and self.on_sglang:
+        if r.to_talker and multimodal is not None:
             # (a prefix of another such prompt: its media runs' states were kept)
             r.media = media_runs(ids, multimodal)
             namespace = "talker-media" if self.media_states.max_bytes else uuid.uuid4().hex
@@ -233,7 +218,7 @@ class ThinkerExecutor(StageExecutor):
             pieces: list[list[int]] = [list(r.forced)]
             logprobs = []
             ev.finish = "stop"
-        else:  # one piece per token, as the torch engine streams them (docs/reliability.md)
+        else:  # one piece per token, whatever the batching (docs/reliability.md)
             pieces = [[t] for t in tokens]
         if first and not pieces:
             pieces = [[]]  # the prompt's data goes out even when no token came with it
@@ -289,14 +274,10 @@ class ThinkerExecutor(StageExecutor):
         return {"prompt_embed": self.embed(ids), "prompt_hidden": hidden, "tts_embeds": tts}
 
     def _multimodal(self, ids: list[int], p: dict[str, Any]) -> Any:
-        """The encoders' outputs in the engine's form: SGLang's ``MultimodalInputs``; the
-        payload itself for the torch engine (None: a text prompt)."""
-        if self.on_sglang:
-            from worker.models.qwen3_omni.sglang_inputs import multimodal_inputs
+        """The encoders' outputs as SGLang's ``MultimodalInputs`` (None: a text prompt)."""
+        from worker.models.qwen3_omni.sglang_inputs import multimodal_inputs
 
-            return multimodal_inputs(self.tc, ids, p)
-        media = ("audio_embeds", "image_embeds", "video_embeds")
-        return p if any(p.get(k) is not None for k in media) else None
+        return multimodal_inputs(self.tc, ids, p)
 
     def _again_whole(self, r: _Request) -> None:
         """Send ``r`` again in a prefix namespace of its own (under another engine id: the

@@ -1,9 +1,8 @@
 """Qwen3-TTS-12Hz (``model_type: qwen3_tts``): CustomVoice and Base, written for omni-fleet.
 
 ``modeling`` holds the talker, its code predictor and the speaker encoder; ``codec`` the 12 Hz
-speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt, the code
-picks and the project's own batched talker engine; ``talker_sglang`` the talker on SGLang; the
-stage executors live in ``stages``.
+speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt and the
+code picks; ``talker_sglang`` the talker on SGLang; the stage executors live in ``stages``.
 """
 
 from __future__ import annotations
@@ -13,11 +12,6 @@ from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_tts"
 VOICE_RATE = 24_000  # Hz: the rate at which a cloned voice's reference audio reaches the stages
-
-
-def runs_on_sglang(ctx: StageContext) -> bool:
-    """The stage that ``engine.backend: sglang`` serves: the talker (``talker_sglang``)."""
-    return ctx.stage.executor == Executor.AUTOREGRESSIVE
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:

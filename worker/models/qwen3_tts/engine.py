@@ -1,15 +1,17 @@
-"""Qwen3-TTS generation, batched over requests, step by step.
+"""Qwen3-TTS generation, what each step of the talker computes beside its decoder.
 
-A request's talker prompt is built as the model defines it (``build_prompt``): optional
+A request's talker prompt is built as the model defines it (``PromptBuilder.build``): optional
 instruction turn, the assistant role, codec control codes (think/nothink, language, speaker),
 then the text, either all at once (non-streaming text input) or one text token per generated
-frame (streaming text input, the ``trailing`` embeddings). Each step of ``TalkerEngine.step``
-advances every running request by one frame: one batched talker forward over their own KV
-caches, the first code picked from the codec head (codes above the codebook suppressed except
-end-of-speech, end-of-speech forbidden for the first two frames, then the request's talker
-sampling: the checkpoint's ``generation_config.json`` unless the request says otherwise), then
-the code predictor fills in the other code groups for the whole batch, each pass picked by the
-request's sub-talker sampling (``worker.stages.talker_sampling``).
+frame (streaming text input, the ``trailing`` embeddings). Each step of the talker
+(``talker_sglang``: SGLang's Qwen3 decoder over its paged KV pool) advances every running
+request by one frame: the code predictor fills in the frame of the first code picked last
+(``next_inputs``, each pass picked by the request's sub-talker sampling,
+``worker.stages.talker_sampling``), the frame's embeddings go through the decoder, and the next
+first code is picked from the codec head (``FirstCodes``: codes above the codebook suppressed
+except end-of-speech, end-of-speech forbidden for the first two frames, then the request's
+talker sampling: the checkpoint's ``generation_config.json`` unless the request says
+otherwise).
 
 Limits follow the official generate: ``max_new_tokens`` counts generated first codes, the
 frame of the last one is never produced, so at most ``max_new_tokens - 1`` frames come out.
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from worker.models.qwen3_tts.modeling import KVCache, Qwen3TTSModel, speaker_mel
+from worker.models.qwen3_tts.modeling import Qwen3TTSModel, speaker_mel
 from worker.stages.sampling import SamplerState
 from worker.stages.talker_sampling import (
     TalkerSampling,
@@ -306,7 +308,6 @@ class TalkerRequest:
     prompt: Prompt
     max_new_tokens: int
     sampling: TalkerSampling = GREEDY
-    cache: KVCache | None = None
     hidden: torch.Tensor | None = None  # (1, 1, H): last talker output
     token: int | None = None  # the first code waiting for its frame
     generated: list[int] = field(default_factory=list)  # first codes so far
@@ -314,7 +315,7 @@ class TalkerRequest:
     done: bool = False
     first: SamplerState | None = None  # how its first codes are picked (set by prefill)
     rest: SamplerState | None = None  # how the code predictor's are
-    frame: torch.Tensor | None = None  # the frame a step produced (the SGLang engine's)
+    frame: torch.Tensor | None = None  # the frame a step produced
 
     def samplers(self) -> tuple[SamplerState, SamplerState]:
         """How its first codes and its code predictor's are picked (set by the prefill)."""
@@ -327,12 +328,6 @@ class TalkerRequest:
         if self.hidden is None:
             raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
         return self.hidden
-
-    def own_cache(self) -> KVCache:
-        """Its KV cache on the torch engine."""
-        if self.cache is None:
-            raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
-        return self.cache
 
 
 class FirstCodes:
@@ -392,42 +387,6 @@ def next_inputs(talker: Any, reqs: list[TalkerRequest], first: torch.Tensor) -> 
     return frames, talker.frame_embed(frames) + torch.stack(adds, dim=0)
 
 
-class TalkerEngine:
-    """The project's own engine (``engine.backend: transformers``): many requests' talker
-    steps as one batch, each request over its own KV cache."""
-
-    def __init__(self, model: Qwen3TTSModel) -> None:
-        self.model = model
-        self.talker = model.talker
-        self.codes = FirstCodes(model.config["talker_config"])
-        self.eos = self.codes.eos
-
-    @torch.inference_mode()
-    def prefill(self, req: TalkerRequest) -> None:
-        m = self.talker.model
-        req.first, req.rest = req.sampling.states(torch, m.norm.weight.device)
-        req.cache = KVCache.empty(m.s.num_layers)
-        h = m.prefill(req.prompt.embeds, req.cache)[:, -1:]
-        req.hidden = h
-        self.codes.pick(self.talker.codec_head(h[:, -1]), [req])
-
-    @torch.inference_mode()
-    def step(self, reqs: list[TalkerRequest]) -> list[tuple[TalkerRequest, torch.Tensor]]:
-        """One frame for each running request (none of them done): each one's frame
-        (groups,), and the talker run on it, so that the next first code is known."""
-        t = self.talker
-        first = torch.tensor([r.token for r in reqs], device=t.codec_head.weight.device)
-        frames, x = next_inputs(t, reqs, first)
-        h = t.model.step(x, [r.own_cache() for r in reqs])
-        for i, r in enumerate(reqs):
-            r.hidden = h[i : i + 1]
-        self.codes.pick(t.codec_head(h[:, -1]), reqs)
-        return [(r, frames[i]) for i, r in enumerate(reqs)]
-
-    def abort(self, req: TalkerRequest) -> None:
-        """(Nothing to free: a request's cache goes with it.)"""
-
-
 def speaker_embedding(model: Qwen3TTSModel, wav24k: torch.Tensor) -> torch.Tensor:
     """The x-vector of 24 kHz mono audio (Base checkpoints)."""
     if model.speaker_encoder is None:
@@ -437,34 +396,3 @@ def speaker_embedding(model: Qwen3TTSModel, wav24k: torch.Tensor) -> torch.Tenso
     dev = next(enc.parameters()).device
     with torch.inference_mode():
         return enc(speaker_mel(wav24k.to(dev)).to(dtype))[0]
-
-
-def generate(
-    model: Qwen3TTSModel,
-    builder: PromptBuilder,
-    texts: list[dict[str, Any]],
-    max_new_tokens: int,
-    sampling: TalkerSampling = GREEDY,
-) -> list[torch.Tensor]:
-    """Whole-utterance generation for several requests at once (greedy by default, as the
-    reference tests compare): codes (frames, groups)."""
-    engine = TalkerEngine(model)
-    reqs = []
-    for i, kw in enumerate(texts):
-        kw = dict(kw)
-        text = kw.pop("text")
-        r = TalkerRequest(str(i), builder.build(text, **kw), max_new_tokens, sampling)
-        engine.prefill(r)
-        reqs.append(r)
-    out: dict[str, list[torch.Tensor]] = {r.rid: [] for r in reqs}
-    while True:
-        running = [r for r in reqs if not r.done]
-        if not running:
-            break
-        for r, f in engine.step(running):
-            out[r.rid].append(f)
-    groups = model.config["talker_config"]["num_code_groups"]
-    return [
-        torch.stack(out[r.rid]) if out[r.rid] else torch.zeros(0, groups, dtype=torch.long)
-        for r in reqs
-    ]

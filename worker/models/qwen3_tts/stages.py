@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from planner.spec import Backend
 from worker.models.qwen3_tts import VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
 from worker.models.stage_weights import torch_dtype
@@ -43,10 +42,6 @@ from worker.stages.base import (
 )
 from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
-
-if TYPE_CHECKING:
-    from worker.models.qwen3_tts.engine import TalkerEngine
-    from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
 
 
 class TTSPreprocess(RequestPreprocessor[RequestInput]):
@@ -156,51 +151,30 @@ class _Req:
     text_done: bool = True
 
 
+def frame_budget(spec_max_new: int, generation_config: dict[str, Any]) -> int:
+    """The most first codes a reply may have: the spec's cap, within the checkpoint's own
+    ``max_new_tokens`` (the package's default)."""
+    return min(spec_max_new, int(generation_config.get("max_new_tokens") or spec_max_new))
+
+
 class TTSEngineExecutor(StageExecutor):
     def load(self) -> None:
         import torch
         from transformers import AutoTokenizer
 
-        from worker.models.qwen3_tts.engine import (
-            PromptBuilder,
-            TalkerEngine,
-            checkpoint_sampling,
-            read_config,
-        )
-        from worker.models.qwen3_tts.modeling import Qwen3TTSModel
-        from worker.models.qwen3_tts.weights import load_stage_weights
+        from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling
+        from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
         from worker.stages.generation_config import read_generation_config
 
         self.torch = torch
         ck = self.ctx.checkpoint
-        self.engine: TalkerEngine | SGLangTalkerEngine
-        if self.ctx.stage.engine.backend == Backend.SGLANG:
-            from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
-
-            self.engine = SGLangTalkerEngine(self.ctx)
-            # the talker's parts beside its decoder: what prompts and x-vectors are built with
-            self.model = self.engine.tts
-        else:
-            with torch.device("meta"):
-                model = Qwen3TTSModel(read_config(ck))
-            load_stage_weights(
-                model,
-                self.ctx,
-                ck,
-                device=self.ctx.device,
-                dtype=torch_dtype(self.ctx.stage.dtype),
-                component=self.ctx.stage.component,
-            )
-            self.model = model.eval()
-            self.engine = TalkerEngine(self.model)
+        self.engine = SGLangTalkerEngine(self.ctx)
+        # the talker's parts beside its decoder: what prompts and x-vectors are built with
+        self.model = self.engine.tts
         self.builder = PromptBuilder(self.model, AutoTokenizer.from_pretrained(ck))
         defaults = read_generation_config(ck)
         self.sampling = checkpoint_sampling(defaults)
-        # the spec's cap, within the checkpoint's own max_new_tokens (the package's default)
-        self.max_new = min(
-            self.ctx.stage.engine.max_new_tokens,
-            int(defaults.get("max_new_tokens") or self.ctx.stage.engine.max_new_tokens),
-        )
+        self.max_new = frame_budget(self.ctx.stage.engine.max_new_tokens, defaults)
         self.max_running = self.ctx.max_running_requests
         self.context = self.ctx.stage.engine.context_length
         # the plan's KV pool (0: none): an admitted request holds its prompt's positions and

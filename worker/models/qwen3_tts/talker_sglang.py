@@ -1,5 +1,5 @@
-"""The Qwen3-TTS talker on SGLang (``engine.backend: sglang``): SGLang's scheduler and KV pool
-under the talker's decoder, the project's own model class in SGLang's model registry.
+"""The Qwen3-TTS talker on SGLang: SGLang's scheduler and KV pool under the talker's decoder,
+the project's own model class in SGLang's model registry.
 
 ``Qwen3TTSTalkerForSGLang`` is SGLang's ``Qwen3ForCausalLM`` (the talker's decoder is a Qwen3
 decoder: SGLang's attention over its paged KV pool) with the talker's other parts beside it:
@@ -13,11 +13,10 @@ registered with the model by request id (``states``); a forward finds its rows' 
 - a decode step's input is the frame of the code just picked: the code predictor's 15 passes
   run inside the step (from the request's last talker output and that code, each pass picked by
   the request's sub-talker sampling), then the frame's code embeddings plus the text the
-  request reads at that frame go through the decoder (``engine.next_inputs``, shared with the
-  torch engine);
+  request reads at that frame go through the decoder (``engine.next_inputs``);
 - the next first code is picked in the model too (``engine.FirstCodes``: the official masks,
   the request's own sampler and generator), and handed to SGLang's sampler as the only finite
-  logit: greedy there, it takes the pick. Greedy or seeded, the codes are the torch engine's.
+  logit: greedy there, it takes the pick.
 
 A request reading streamed text sits out the steps its next word has not reached: the stage
 holds it (``SGLangEngine.held``) and it keeps its KV outside the running batch. No CUDA graphs
@@ -45,6 +44,7 @@ from worker.models.qwen3_tts.engine import (
     GREEDY,
     FirstCodes,
     Prompt,
+    PromptBuilder,
     TalkerRequest,
     next_inputs,
     read_config,
@@ -52,6 +52,7 @@ from worker.models.qwen3_tts.engine import (
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel
 from worker.models.stage_weights import LoadReport
 from worker.stages.base import StageContext
+from worker.stages.talker_sampling import TalkerSampling
 
 ARCHITECTURE = "Qwen3TTSTalkerForSGLang"
 # the checkpoint's tensors that SGLang's Qwen3 decoder takes, and its names for them
@@ -174,9 +175,9 @@ def register() -> None:
 
 
 class SGLangTalkerEngine:
-    """The talker's engine on SGLang, with the torch ``TalkerEngine``'s methods: ``prefill``
-    submits a request (SGLang prefills those of a step together), ``step`` runs the prefills
-    then one decode step of the given requests, the others held."""
+    """The talker's engine on SGLang: ``prefill`` submits a request (SGLang prefills those of
+    a step together), ``step`` runs the prefills then one decode step of the given requests,
+    the others held."""
 
     def __init__(self, ctx: StageContext) -> None:
         from worker.engines import sglang as vendor
@@ -237,6 +238,9 @@ class SGLangTalkerEngine:
             r.frame = None
         return out
 
+    def close(self) -> None:
+        self.engine.close()
+
     def abort(self, req: TalkerRequest) -> None:
         self.engine.abort(req.rid)
         self.model.states.pop(req.rid, None)
@@ -248,3 +252,30 @@ class SGLangTalkerEngine:
             if r is not None and ev.finish is not None:
                 r.done = True
                 self.model.states.pop(ev.rid)
+
+
+def generate(
+    engine: SGLangTalkerEngine,
+    builder: PromptBuilder,
+    texts: list[dict[str, Any]],
+    max_new_tokens: int,
+    sampling: TalkerSampling = GREEDY,
+) -> list[torch.Tensor]:
+    """Whole-utterance generation for several requests at once on ``engine`` (greedy by
+    default, as the reference tests compare): each one's codes (frames, groups)."""
+    reqs = []
+    for i, kw in enumerate(texts):
+        kw = dict(kw)
+        text = kw.pop("text")
+        r = TalkerRequest(f"generate-{i}", builder.build(text, **kw), max_new_tokens, sampling)
+        engine.prefill(r)
+        reqs.append(r)
+    out: dict[str, list[torch.Tensor]] = {r.rid: [] for r in reqs}
+    while running := [r for r in reqs if not r.done]:
+        for r, frame in engine.step(running):
+            out[r.rid].append(frame)
+    groups = engine.tts.config["talker_config"]["num_code_groups"]
+    return [
+        torch.stack(out[r.rid]) if out[r.rid] else torch.zeros(0, groups, dtype=torch.long)
+        for r in reqs
+    ]
