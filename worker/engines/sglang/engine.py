@@ -96,7 +96,7 @@ class SGLangEngine:
             ports = PortArgs.init_new(server_args)
             self.scheduler = _stage_scheduler(Scheduler)(server_args, ports)
         except BaseException:
-            _destroy_parallel_state()  # (what it built before it failed)
+            _reset_process_state()  # (what it built before it failed)
             raise
         self.outputs: list[Any] = []
         captured = _Captured(self.outputs)
@@ -117,11 +117,11 @@ class SGLangEngine:
 
     def close(self) -> None:
         """This process's SGLang state given up (its process groups, ``distributed/
-        parallel_state.py:3266-3340``), so that another engine can start here; this one cannot
-        step afterwards."""
+        parallel_state.py:3266-3340``, and its published settings and resources), so that
+        another engine can start here; this one cannot step afterwards."""
         global _live
         if _live is self:
-            _destroy_parallel_state()
+            _reset_process_state()
             _live = None
 
     @property
@@ -299,14 +299,18 @@ class SGLangEngine:
         return events
 
 
-def _destroy_parallel_state() -> None:
+def _reset_process_state() -> None:
+    """SGLang's process-wide state gone: its process groups, then its published settings,
+    flags and resources (``runtime_context.py:1751-1765``, its own test teardown)."""
     from sglang.srt.distributed.parallel_state import (
         destroy_distributed_environment,
         destroy_model_parallel,
     )
+    from sglang.srt.runtime_context import reset_context
 
     destroy_model_parallel()
     destroy_distributed_environment()
+    reset_context()
 
 
 def _split(batch: Any, rows: list[int]) -> Any:
