@@ -94,6 +94,15 @@ def stage_facts(spec: ModelSpec, spec_path: Path, name: str) -> StageFacts:
                 f"stages.{name}.tp_size {stage.tp_size} does not divide the {heads} attention "
                 f"heads; use one of {[t for t in range(1, heads + 1) if heads % t == 0][:8]}"
             )
+        context = stage.engine.context_length
+        if shape.max_positions and context > shape.max_positions:
+            raise SpecError(
+                f"stages.{name}.engine.context_length {context} exceeds the "
+                f"{shape.max_positions} positions the checkpoint was trained for "
+                f"(max_position_embeddings); use --{name}.engine.context_length "
+                f"{shape.max_positions} or less"
+            )
+        check_kv_dtype(name, stage)
     return StageFacts(
         name=name,
         stage=stage,
@@ -104,6 +113,24 @@ def stage_facts(spec: ModelSpec, spec_path: Path, name: str) -> StageFacts:
         hidden_size=hidden,
         vocab_size=vocab,
     )
+
+
+def check_kv_dtype(name: str, stage: StageSpec) -> None:
+    """SGLang keeps a KV cache in the model's own dtype, in bf16, or in fp8 (``kv_cache_dtype``:
+    auto, bfloat16, fp8_e4m3); fp8 on a GPU only (a CPU has no fp8 attention)."""
+    kv = stage.engine.kv_dtype
+    if kv is None or kv == stage.dtype:
+        return
+    if kv not in (DType.BF16, DType.FP8):
+        raise SpecError(
+            f"stages.{name}.engine.kv_dtype {kv}: SGLang keeps the KV cache in the model's dtype "
+            f"({stage.dtype}), bf16 or fp8; drop the field or use one of those"
+        )
+    if kv == DType.FP8 and stage.device.value == "cpu":
+        raise SpecError(
+            f"stages.{name}.engine.kv_dtype fp8 needs a GPU (a CPU stage has no fp8 attention); "
+            "use bf16 or drop the field"
+        )
 
 
 def activation_bytes(facts: StageFacts, est: Estimates) -> int:

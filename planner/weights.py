@@ -204,11 +204,13 @@ def kv_layout(path: Path, module: str = "") -> KvLayout:
 
 @dataclass(frozen=True)
 class DecoderShape:
-    """What the activation estimate of an autoregressive stage needs."""
+    """What the activation estimate of an autoregressive stage needs, and the longest context
+    it was trained for (``max_position_embeddings``; 0: the config does not say)."""
 
     hidden_size: int
     vocab_size: int
     num_attention_heads: int
+    max_positions: int = 0
 
 
 def decoder_shape(path: Path, module: str = "") -> DecoderShape:
@@ -229,4 +231,5 @@ def _shape_meta(key: tuple[str, int, int], module: str) -> DecoderShape:
         hidden_size=getattr(cfg, "hidden_size", 0) or 0,
         vocab_size=getattr(cfg, "vocab_size", 0) or 0,
         num_attention_heads=getattr(cfg, "num_attention_heads", 0) or 0,
+        max_positions=getattr(cfg, "max_position_embeddings", 0) or 0,
     )

@@ -124,6 +124,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
             device=stage_device(stage.device.value, cfg.device),
             max_running_requests=cfg.max_running.get(name) or stage.engine.max_running_requests,
             kv_tokens=cfg.kv_tokens.get(name, 0),
+            memory_fraction=cfg.memory_fraction,
         )
         outbox.send([(m.PROGRESS, f"{cfg.process}: loading {name}")])
         ex = make_executor(ctx)

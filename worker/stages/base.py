@@ -54,6 +54,7 @@ class StageContext:
     device: str  # torch device string: "cpu", "cuda:0"
     max_running_requests: int  # from the plan (falls back to the spec's engine settings)
     kv_tokens: int = 0  # the plan's KV capacity in tokens for this stage; 0 = unlimited
+    memory_fraction: float | None = None  # the plan's share of the process's GPU (None: CPU)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def component_dir(self, stage: str | None = None) -> Path:

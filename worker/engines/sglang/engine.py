@@ -42,6 +42,9 @@ class EngineSettings:
     max_running_requests: int
     kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
+    kv_dtype: str | None = None  # the spec's (None: the model's dtype)
+    # the share of its GPU the plan gives the stage's process (None: on a CPU)
+    memory_fraction: float | None = None
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
     # off for a model whose prompts are embeddings (the token ids SGLang keys its prefix cache
     # by are placeholders) and whose forward reads per-request state (no CUDA graphs)
@@ -55,7 +58,8 @@ class EngineSettings:
     @classmethod
     def of_stage(cls, ctx: StageContext) -> EngineSettings:
         """A stage's engine as its spec and the plan say (the checkpoint, device and dtype,
-        the context, the plan's running requests and KV pool, the prefill chunk)."""
+        the context, the plan's running requests, KV pool and share of the GPU, the prefill
+        chunk, the KV cache's dtype)."""
         eng = ctx.stage.engine
         return cls(
             model_path=ctx.checkpoint,
@@ -65,6 +69,8 @@ class EngineSettings:
             max_running_requests=ctx.max_running_requests,
             kv_tokens=ctx.kv_tokens,
             prefill_chunk_tokens=eng.prefill_chunk_tokens,
+            kv_dtype=None if eng.kv_dtype is None else eng.kv_dtype.value,
+            memory_fraction=ctx.memory_fraction,
             random_weights=bool(ctx.extra.get("random_weights")),
         )
 
@@ -114,6 +120,14 @@ class SGLangEngine:
         self.held: set[str] = set()
         self.parked: Any = None  # their ScheduleBatch
         _live = self
+        if settings.kv_tokens and self.pool_tokens < settings.kv_tokens:
+            self.close()
+            raise RuntimeError(
+                f"SGLang's KV pool holds {self.pool_tokens} tokens, the plan's "
+                f"{settings.kv_tokens}: the memory it profiled does not hold what the plan sized "
+                "(another process on the device?); lower the stage's engine.kv_budget_tokens or "
+                "max_running_requests, or give it a larger memory_share"
+            )
 
     def close(self) -> None:
         """This process's SGLang state given up (its process groups, ``distributed/
@@ -299,6 +313,17 @@ class SGLangEngine:
         return events
 
 
+def _kv_cache_dtype(st: EngineSettings) -> str:
+    """SGLang's name for the KV cache's dtype (``arg_groups/fields/model.py:197-221``): the
+    model's own (auto), bf16 or fp8 (the planner refuses others, and fp8 on a CPU)."""
+    if st.kv_dtype is None or st.kv_dtype == st.dtype:
+        return "auto"
+    names = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
+    if st.kv_dtype not in names:
+        raise ValueError(f"SGLang keeps no KV cache in {st.kv_dtype}")
+    return names[st.kv_dtype]
+
+
 def _reset_process_state() -> None:
     """SGLang's process-wide state gone: its process groups, then its published settings,
     flags and resources (``runtime_context.py:1751-1765``, its own test teardown)."""
@@ -387,11 +412,6 @@ def _server_args(st: EngineSettings) -> Any:
     from sglang.srt.environ import envs
     from sglang.srt.server_args import ServerArgs
 
-    # The spec's context length is the stage's, as on the torch engine, also where it exceeds
-    # the checkpoint's max_position_embeddings (the shipped 32k specs on a tiny checkpoint);
-    # SGLang refuses that unless told (configs/model_config.py).
-    envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.set(True)
-
     cpu = not st.device.startswith("cuda")
     if cpu:
         # the eager runner copies each batch into fixed buffers for CUDA graphs to read
@@ -405,9 +425,14 @@ def _server_args(st: EngineSettings) -> Any:
         dtype=_DTYPES.get(st.dtype, st.dtype),
         skip_tokenizer_init=True,
         device="cpu" if cpu else "cuda",
+        # the spec's, which the planner holds within the checkpoint's trained positions
         context_length=st.context_length,
         max_running_requests=st.max_running_requests,
         max_total_tokens=kv,  # the plan's KV budget, enforced by SGLang's pool
+        kv_cache_dtype=_kv_cache_dtype(st),
+        # on a GPU the plan's share for weights, KV and activations: SGLang sizes its pool
+        # within it (``kv_cache_configurator.py:2990-3060``), min'd with max_total_tokens
+        mem_fraction_static=st.memory_fraction,
         chunked_prefill_size=st.prefill_chunk_tokens,
         # a long prompt's chunks run in the same forward as the running decodes, which keep
         # streaming while it is prefilled
