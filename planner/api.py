@@ -283,7 +283,7 @@ def _process(
         stages=stages,
         device="gpu" if gpus else "cpu",
         gpus=gpus,
-        tp_size=u.tp if gpus else 1,
+        tp_size=u.tp,
         env=env,
         memory_per_gpu=per_gpu,
         engine_fraction=fraction,

@@ -129,11 +129,15 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
             raise SpecError(
                 f"{where}: a {stage.executor.value} stage needs a component (its weights)"
             )
-        if stage.device.value == "cpu":
-            if stage.tp_size != 1:
-                raise SpecError(f"{where}: tp_size {stage.tp_size} on a cpu stage; use 1")
-            if stage.gpus:
-                raise SpecError(f"{where}: gpus {stage.gpus} pinned on a cpu stage")
+        cpu = stage.device.value == "cpu"
+        # (on GPUs a stage's tp_size is its process's: its GPUs)
+        if cpu and stage.tp_size != 1 and stage.executor.value != "autoregressive":
+            raise SpecError(
+                f"{where}: tp_size {stage.tp_size} on a cpu {stage.executor.value} stage; "
+                "tensor parallelism is SGLang's, under autoregressive stages: use 1"
+            )
+        if cpu and stage.gpus:
+            raise SpecError(f"{where}: gpus {stage.gpus} pinned on a cpu stage")
         if stage.gpus is not None:
             if len(stage.gpus) != stage.tp_size:
                 raise SpecError(

@@ -32,6 +32,7 @@ def cpu_node_plan(
                 for s in stages
             ],
             device="cpu",
+            tp_size=max(spec.stages[s].tp_size for s in stages),
         )
         for group, stages in groups.items()
     ]

@@ -89,7 +89,8 @@ def build_units(spec: ModelSpec, facts: dict[str, StageFacts]) -> list[Unit]:
                 group=group,
                 stages=stages,
                 device=Device.GPU if gpu else Device.CPU,
-                tp=max((f.stage.tp_size for f in gpu), default=1),
+                # (a CPU process's: its autoregressive stage's SGLang ranks, one process each)
+                tp=max((f.stage.tp_size for f in (gpu or stages)), default=1),
                 pins=pins,
                 neighbours=frozenset(neighbours),
             )

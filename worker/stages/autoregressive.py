@@ -52,8 +52,6 @@ class LanguageModelExecutor(StageExecutor):
         self.defaults = sampling_defaults(ctx.component_dir())
         from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
-        if ctx.stage.tp_size > 1:
-            raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
         self.engine = SGLangEngine(EngineSettings.of_stage(ctx))
         # SGLang has no suppressed-token list: the checkpoint's go in as a -inf bias
         self.suppress = tuple((t, float("-inf")) for t in stops.suppress)

@@ -12,12 +12,17 @@ stage's pipeline (streaming edges, abort, batching across stages) stays the proj
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import os
 import secrets
+import subprocess
+import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,9 @@ class EngineSettings:
     kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
     kv_dtype: str | None = None  # the spec's (None: the model's dtype)
+    tp_size: int = 1  # SGLang's tensor-parallel ranks (worker.engines.sglang.ranks)
+    tp_rank: int = 0
+    dist_port: int = 0  # where the ranks meet (rank 0 picks it)
     # the share of its GPU the plan gives the stage's process (None: on a CPU)
     memory_fraction: float | None = None
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
@@ -70,6 +78,7 @@ class EngineSettings:
             kv_tokens=ctx.kv_tokens,
             prefill_chunk_tokens=eng.prefill_chunk_tokens,
             kv_dtype=None if eng.kv_dtype is None else eng.kv_dtype.value,
+            tp_size=ctx.stage.tp_size,
             memory_fraction=ctx.memory_fraction,
             random_weights=bool(ctx.extra.get("random_weights")),
         )
@@ -94,15 +103,25 @@ class SGLangEngine:
 
         self.io = io_struct
         self.grad_mode = DynamicGradMode
+        self.ranks: Ranks | None = None  # rank 0 of several: the others
+        if settings.tp_size > 1 and settings.tp_rank == 0:
+            from fleet.redis_server import free_port
+
+            settings = dataclasses.replace(settings, dist_port=free_port())
+            self.ranks = Ranks(settings)  # (they build their schedulers beside this one)
         server_args = _server_args(settings)
         gpu = int(settings.device.split(":")[1]) if settings.device.startswith("cuda:") else 0
-        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None,
-                                                                 gpu_id=gpu))  # fmt: skip
+        if settings.tp_size > 1 and not settings.device.startswith("cuda"):
+            gpu = settings.tp_rank  # (SGLang's CPU thread binding reads the rank's entry)
+        ranks = SpawnRanks(world_rank=settings.tp_rank, dp_rank=None, gpu_id=gpu)
+        publish(server_args, role="scheduler", ranks=ranks)
         try:
             ports = PortArgs.init_new(server_args)
             self.scheduler = _stage_scheduler(Scheduler)(server_args, ports)
         except BaseException:
             _reset_process_state()  # (what it built before it failed)
+            if self.ranks is not None:
+                self.ranks.stop()
             raise
         self.outputs: list[Any] = []
         captured = _Captured(self.outputs)
@@ -134,6 +153,9 @@ class SGLangEngine:
         parallel_state.py:3266-3340``, and its published settings and resources), so that
         another engine can start here; this one cannot step afterwards."""
         global _live
+        if self.ranks is not None:
+            self.ranks.stop()
+            self.ranks = None
         if _live is self:
             _reset_process_state()
             _live = None
@@ -154,6 +176,11 @@ class SGLangEngine:
         self.live.discard(rid)
         self.incoming = [r for r in self.incoming if r.rid != rid]
         self.held.discard(rid)
+        if self.ranks is not None:
+            self.ranks.send("abort", rid)
+        self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
         if any(r.rid == rid for r in self._parked_reqs()):
             self._park()  # back in the running batch, where the scheduler's abort finds it
         with self.grad_mode():
@@ -176,8 +203,23 @@ class SGLangEngine:
         return int(self.scheduler.max_total_num_tokens)
 
     def step(self) -> list[EngineEvent]:
+        if self.ranks is not None:
+            self.ranks.send("step", self.incoming, self.held)
         with self.grad_mode():  # as SGLang's event loop runs (``scheduler.py:2025``)
             return self._step()
+
+    def follow(self, op: str, *args: Any) -> None:
+        """Rank 0's ``step`` or ``abort`` on this rank (worker.engines.sglang.ranks): the same
+        scheduler calls on the same inputs; what they output is rank 0's to send."""
+        if op == "step":
+            self.incoming, self.held = list(args[0]), set(args[1])
+            with self.grad_mode():
+                self._step()
+        elif op == "abort":
+            self._abort(args[0])
+        else:
+            raise ValueError(f"rank {op!r}?")
+        self.outputs.clear()
 
     def _step(self) -> list[EngineEvent]:
         s = self.scheduler
@@ -367,6 +409,59 @@ def _logprobs(out: Any, i: int) -> list[TokenLogprob]:
     return found
 
 
+class Ranks:
+    """SGLang's tensor-parallel ranks 1 to n-1 of rank 0's engine (the stage's own, in its
+    process), each a process (``worker.engines.sglang.rank``) with the same engine over its
+    shard of the weights and the KV pool (gloo on a CPU, NCCL on GPUs: the platform's backend,
+    ``distributed/parallel_state.py:2388-2396``).
+
+    SGLang's scheduler keeps its queues, radix cache and pools on every rank, and a forward's
+    collectives pair up only when every rank takes the same steps: its own scheduler processes
+    receive the requests on rank 0 and broadcast them (``scheduler_components/
+    request_receiver.py:80-108``), then each runs the whole loop. Here rank 0 sends each step's
+    inputs (the requests tokenized on rank 0, their seeds drawn there; the requests held out)
+    and each abort to the other ranks before it runs them itself, over a pipe of its own to each
+    (SGLang's gloo groups time out after hours idle), and they run the same methods
+    (``SGLangEngine.follow``); their outputs are dropped. A rank whose rank 0 is gone reads end
+    of file and exits."""
+
+    def __init__(self, settings: Any) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        try:
+            for rank in range(1, settings.tp_size):
+                read, write = os.pipe()
+                entry = [sys.executable, "-m", "worker.engines.sglang.rank", str(read)]
+                self.procs.append(subprocess.Popen(entry, pass_fds=(read,)))
+                os.close(read)
+                conn = Connection(write, readable=False)
+                self.conns.append(conn)
+                device = settings.device
+                if device.startswith("cuda"):
+                    device = f"cuda:{rank}"  # (the process sees its plan's GPUs, rank order)
+                conn.send(dataclasses.replace(settings, tp_rank=rank, device=device))
+        except BaseException:
+            self.stop()
+            raise
+
+    def send(self, *command: Any) -> None:
+        for conn in self.conns:
+            conn.send(command)
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(("close",))
+            conn.close()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.conns, self.procs = [], []
+
+
 class _Captured:
     """Stands where the scheduler's senders to the detokenizer and the tokenizer manager are
     (``scheduler_components/ipc_channels.py:52-73``, ``output_streamer.py:235``): what they
@@ -418,6 +513,21 @@ def _server_args(st: EngineSettings) -> Any:
         # (``runner/eager_runner.py:180-207``); a CPU replays no graph (SGLang's own switch,
         # ``environ.py:1656``, which it sets for some models itself)
         envs.SGLANG_EAGER_INPUT_NO_COPY.set(True)
+        if st.tp_size > 1:
+            # SGLang binds each CPU rank's threads to a NUMA node unless told its cores, one
+            # entry a rank (``utils/numa_utils.py:454-508``; without AMX only checked)
+            cores = os.cpu_count() or 1
+            binding = "|".join(str(r % cores) for r in range(st.tp_size))
+            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", binding)
+    tp = {}
+    if st.tp_size > 1:
+        tp = {
+            "tp_size": st.tp_size,
+            # one address for every rank (each builds its own PortArgs:
+            # ``distributed/bootstrap.py:233-248``); custom all-reduce is for GPUs only
+            "dist_init_addr": f"127.0.0.1:{st.dist_port}",
+            "disable_custom_all_reduce": True,
+        }
     kv = st.kv_tokens or st.context_length * st.max_running_requests
     return ServerArgs(
         model_path=str(st.model_path),
@@ -449,4 +559,5 @@ def _server_args(st: EngineSettings) -> Any:
         disable_cuda_graph=cpu or not st.cuda_graphs,
         disable_radix_cache=not st.prefix_cache,
         log_level="warning",
+        **tp,
     )

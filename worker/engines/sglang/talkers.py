@@ -31,6 +31,11 @@ def talker_engine(
     """SGLang's engine for a talker stage, and the directory its model is loaded from (what
     ``write_model_dir`` writes there: a config and links to the checkpoint's files; keep it
     as long as the engine)."""
+    if ctx.stage.tp_size > 1:
+        raise ValueError(
+            f"stage {ctx.name}: tp_size {ctx.stage.tp_size}: a talker runs on one rank (its "
+            "model reads each request's state in its stage's process); use tp_size 1"
+        )
     model_dir = tempfile.TemporaryDirectory(prefix=f"omni-{ctx.name}-sglang-")
     settings = dataclasses.replace(
         EngineSettings.of_stage(ctx),

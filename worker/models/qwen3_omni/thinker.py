@@ -67,8 +67,6 @@ class ThinkerExecutor(StageExecutor):
 
         self.torch = torch
         ctx = self.ctx
-        if ctx.stage.tp_size > 1:
-            raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
         self.config = Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint)
         self.engine = SGLangEngine(EngineSettings.of_stage(ctx), on_forward=self._on_forward)
         self.capturer = self.engine.model

@@ -1,0 +1,86 @@
+"""Tensor parallelism through SGLang on a CPU: an autoregressive stage with ``tp_size: 2`` is
+planned as one process of two ranks, and its engine (rank 0 in this process, rank 1 a process
+it starts: ``worker.engines.sglang.engine.Ranks``, gloo between them) gives the greedy tokens
+of ``tp_size: 1`` (fp32), for a dense Qwen3 and for the Qwen3-Omni thinker's MoE (its experts'
+intermediate width split between the ranks), over prefills of several prompts, chunked
+prefill beside decodes, and an abort mid-reply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.plain_lm import build_plain_lm
+from worker.engines.base import EngineRequest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_cpu_stage_of_two_ranks_is_planned_as_one_process_of_two() -> None:
+    import io
+
+    from rich.console import Console
+
+    from planner.api import plan_spec
+    from planner.errors import SpecError
+    from planner.render import print_plan
+
+    planned = plan_spec(REPO / "configs/models/tiny-omni.yaml", "cpu", ["--thinker.tp_size", "2"])
+    (thinker,) = [p for p in planned.plan.nodes[0].processes if p.group == "thinker"]
+    assert thinker.tp_size == 2 and thinker.device == "cpu"
+    out = io.StringIO()
+    print_plan(planned.plan, Console(file=out, width=200), "tiny-omni")
+    assert "(tp2)" in out.getvalue()
+    with pytest.raises(SpecError, match=r"tp_size 2 on a cpu encoder stage"):
+        plan_spec(REPO / "configs/models/tiny-omni.yaml", "cpu", ["--audio_encoder.tp_size", "2"])
+
+
+def _tokens(model_path: Path, tp: int) -> tuple[dict[str, list[int]], int]:
+    """Each request's tokens, and the rows of layer 0's qkv projection on rank 0."""
+    from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+
+    settings = EngineSettings(model_path=model_path, device="cpu", dtype="fp32",
+                              context_length=2048, max_running_requests=8, kv_tokens=0,
+                              prefill_chunk_tokens=32, tp_size=tp)  # fmt: skip
+    engine = SGLangEngine(settings)
+    out: dict[str, list[int]] = {}
+    model = engine.model
+    rows = getattr(model, "thinker", model).model.layers[0].self_attn.qkv_proj.weight.shape[0]
+    assert len(engine.ranks.procs if engine.ranks else []) == tp - 1
+    try:
+
+        def request(rid: str, ids: list[int], new: int) -> EngineRequest:
+            return EngineRequest(rid, ids, new, stop_token_ids=frozenset())
+
+        for i in range(3):
+            engine.submit(request(f"p{i}", [20 + (7 * i + k) % 200 for k in range(5 + 9 * i)], 8))
+        engine.submit(request("gone", [33, 34, 35], 40))
+        steps = 0
+        while engine.has_work():
+            for ev in engine.step():
+                out.setdefault(ev.rid, []).extend(ev.tokens)
+            steps += 1
+            if steps == 3:
+                engine.abort("gone")
+                engine.submit(request("long", [60 + k % 150 for k in range(100)], 6))
+    finally:
+        engine.close()
+    return out, rows
+
+
+@pytest.mark.parametrize("model", ["plain-qwen3", "tiny-omni-thinker"])
+def test_two_ranks_give_the_tokens_of_one(model: str, tmp_path: Path) -> None:
+    if model == "plain-qwen3":
+        checkpoint = build_plain_lm(tmp_path / "plain")
+    else:
+        from planner.loader import load_spec
+        from worker.models.checkpoint import resolve_checkpoint
+
+        path = REPO / "configs" / "models" / "tiny-omni.yaml"
+        checkpoint = resolve_checkpoint(load_spec(path).spec, path, tmp_path, log=lambda _m: None)
+    (one, rows_one), (two, rows_two) = _tokens(checkpoint, 1), _tokens(checkpoint, 2)
+    assert rows_two * 2 == rows_one  # (each rank holds half the heads)
+    assert set(one) == {"p0", "p1", "p2", "gone", "long"}
+    assert len(one["long"]) == 6 and len(one["gone"]) < 40
+    assert two == one
