@@ -171,16 +171,16 @@ class _Moe:
         order = flat.argsort(stable=True)
         ends = torch.bincount(flat, minlength=self.w13.shape[0]).cumsum(0, dtype=torch.int32)
         rows = order // self.top_k  # the token of each pair
-        gate_up = torch._grouped_mm(h[rows], self.w13, offs=ends)
+        gate_up = torch._grouped_mm(h.index_select(0, rows), self.w13, offs=ends)
         half = gate_up.shape[-1] // 2
         pairs = torch._grouped_mm(F.silu(gate_up[:, :half]) * gate_up[:, half:], self.w2,
                                   offs=ends)  # fmt: skip
+        weighted = weights.view(-1).index_select(0, order)[:, None]  # (fp32)
         if h.dtype == torch.float32:
-            out = torch.zeros_like(h).index_add_(0, rows, pairs * weights.view(-1)[order, None])
+            out = torch.zeros_like(h).index_add_(0, rows, pairs * weighted)
         else:
             out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-            out = out.index_add_(0, rows, pairs.float() * weights.view(-1)[order, None])
-            out = out.to(h.dtype)
+            out = out.index_add_(0, rows, pairs.float() * weighted).to(h.dtype)
         if self.shared is not None and self.shared_gate is not None:
             out = out + self.shared(h) * torch.sigmoid(F.linear(h, self.shared_gate))
         return out
@@ -263,7 +263,8 @@ def _rope_tables(rope: Any, positions: torch.Tensor, dtype: torch.dtype) -> tupl
     ``MRotaryEmbedding.forward_native`` picks them (``layers/rotary_embedding/mrope.py:
     196-212``); the products are ``apply_rotary_emb``'s (``rotary_embedding/utils.py:36-62``).
     """
-    cos, sin = rope.cos_sin_cache[positions].chunk(2, dim=-1)
+    table = rope.cos_sin_cache.index_select(0, positions.reshape(-1))
+    cos, sin = table.view(*positions.shape, -1).chunk(2, dim=-1)
     if positions.ndim == 2:
         from sglang.srt.layers.rotary_embedding.mrope import apply_interleaved_rope
 
