@@ -43,10 +43,11 @@ import soundfile as sf
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {"chat": "tiny-omni", "tts": "tiny-qwen3-tts", "asr": "tiny-qwen3-asr"}
 TORCH_ENGINE = {  # the base's overrides: its torch engine under each autoregressive stage
-    "tiny-omni": ["thinker.engine.backend=transformers", "talker.engine.backend=transformers"],
-    "tiny-qwen3-tts": ["tts_engine.engine.backend=transformers"],
-    "tiny-qwen3-asr": ["asr.engine.backend=transformers"],
-}
+    "tiny-omni": ["--overrides", "thinker.engine.backend=transformers",
+                  "--overrides", "talker.engine.backend=transformers"],
+    "tiny-qwen3-tts": ["--overrides", "tts_engine.engine.backend=transformers"],
+    "tiny-qwen3-asr": ["--overrides", "asr.engine.backend=transformers"],
+}  # fmt: skip
 
 
 def worktree(commit: str) -> Path:
@@ -65,8 +66,13 @@ class Worker:
     """``python -m worker.cli`` of a source tree (its own ``worker`` package first on the
     path), standalone (no Redis), on a free port."""
 
-    def __init__(self, tree: Path, spec: str, overrides: list[str], cache: Path) -> None:
-        self.tree, self.spec, self.overrides, self.cache = tree, spec, overrides, cache
+    def __init__(
+        self, tree: Path, spec: str, args: list[str], cache: Path, spec_path: Path | None = None
+    ) -> None:
+        """``args``: more worker flags (``--overrides X``, ...); ``spec_path``: a spec file of
+        its own (else the tree's ``configs/models/<spec>.yaml``)."""
+        self.tree, self.spec, self.args, self.cache = tree, spec, args, cache
+        self.spec_path = spec_path or tree / "configs" / "models" / f"{spec}.yaml"
 
     def __enter__(self) -> str:
         sys.path.insert(0, str(REPO))
@@ -75,10 +81,8 @@ class Worker:
         port = free_port()
         self.log = Path(tempfile.mkstemp(prefix="bench-engines-", suffix=".log")[1])
         argv = [sys.executable, "-m", "worker.cli", "--port", str(port),
-                "--spec", str(self.tree / "configs" / "models" / f"{self.spec}.yaml"),
-                "--cache-dir", str(self.cache), "--log-level", "warning"]  # fmt: skip
-        for o in self.overrides:
-            argv += ["--overrides", o]
+                "--spec", str(self.spec_path), "--cache-dir", str(self.cache),
+                "--log-level", "warning", *self.args]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(self.tree)}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(

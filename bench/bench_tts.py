@@ -1,7 +1,7 @@
 """Qwen3-TTS on one worker: replies of increasing length, whole and streamed, by hand.
 
     python bench/bench_tts.py [--lengths 64 200 400] [--requests 8] [--concurrency 4]
-                              [--official]
+                              [--base bf360a0] [--official]
 
 The checkpoint is the tiny CustomVoice one written by the official classes (the equality
 tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing), served by the
@@ -13,9 +13,11 @@ worker serves ``--requests`` replies at concurrency 1 and ``--concurrency``:
 - streamed: ``stream: true``; audio seconds per wall second and the median time to the first
   audio bytes.
 
-``--official`` also runs the official ``qwen-tts`` package on the same requests one at a time
-(a library: one ``generate_custom_voice`` call per caller) at the first length, for its audio
-seconds per wall second. Prints a table and one JSON line.
+``--base COMMIT`` also serves each length from the worker of an earlier commit (a worktree of
+it, in this environment: ``bench_engines.Worker``), the two one after the other; ``--official``
+runs the official ``qwen-tts`` package on the same requests one at a time (a library: one
+``generate_custom_voice`` call per caller) at the first length, for its audio seconds per wall
+second. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_engines import Worker, worktree  # noqa: E402
+
 from tests.models import qwen3_tts_reference as ref  # noqa: E402
-from tests.worker_procs import WorkerProcess  # noqa: E402
 
 NAME = "tiny-qwen3-tts-custom-voice"
 
@@ -79,27 +84,34 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 200, 400])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--base", help="also serve each length from the worker of this commit")
     ap.add_argument("--official", action="store_true", help="also run the qwen-tts package")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-tts-"))
     checkpoint = ref.official_checkpoints([NAME], tmp)[NAME]
+    # (the base's engine too: SGLang, which the specs of earlier commits named in a field since
+    # removed)
+    trees = {"this": (REPO, [])}
+    if args.base:
+        base_engine = ["--overrides", "tts_engine.engine.backend=sglang"]
+        trees[f"base {args.base}"] = (worktree(args.base), base_engine)
     result: dict = {"requests": args.requests, "rows": []}
-    print(f"{'frames':>6} {'c':>2} {'mode':8} {'audio s/s':>10} {'first audio ms':>15}")
+    print(f"{'worker':14} {'frames':>6} {'c':>2} {'mode':8} {'audio s/s':>10} {'first ms':>9}")
     for length in args.lengths:
         spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, length)
-        worker = WorkerProcess("--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp))
-        try:
-            worker.wait_ready(timeout=300)
-            for c in (1, args.concurrency):
-                for stream in (False, True):
-                    got = asyncio.run(_run(worker.url, args.requests, c, stream))
-                    mode = "streamed" if stream else "whole"
-                    row = {"frames": length - 1, "concurrency": c, "mode": mode, **got}
-                    result["rows"].append(row)
-                    print(f"{length - 1:>6} {c:>2} {mode:8} {got['audio_s_per_s']:>10.2f} "
-                          f"{got['first_audio_ms']:>15.0f}")  # fmt: skip
-        finally:
-            worker.stop()
+        for side, (tree, flags) in trees.items():
+            worker = Worker(tree, "tiny-qwen3-tts", ["--gpus", "cpu", *flags], tmp / side, spec)
+            with worker as url:
+                for c in (1, args.concurrency):
+                    for stream in (False, True):
+                        got = asyncio.run(_run(url, args.requests, c, stream))
+                        mode = "streamed" if stream else "whole"
+                        row = {"worker": side, "frames": length - 1, "concurrency": c,
+                               "mode": mode, **got}  # fmt: skip
+                        result["rows"].append(row)
+                        speed, first = got["audio_s_per_s"], got["first_audio_ms"]
+                        print(f"{side:14} {length - 1:>6} {c:>2} {mode:8} {speed:>10.2f} "
+                              f"{first:>9.0f}")  # fmt: skip
     if args.official:
         out = tmp / "official.json"
         job = {"cmd": "bench", "checkpoint": str(checkpoint), "n": args.requests,
