@@ -167,6 +167,30 @@ class _Moe:
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + _RENORMALIZE_SUM_EPSILON)
+        if h.shape[0] == 1:
+            out = self._one_token(h, weights[0], ids[0])
+        else:
+            out = self._grouped(h, weights, ids)
+        if self.shared is not None and self.shared_gate is not None:
+            out = out + self.shared(h) * torch.sigmoid(F.linear(h, self.shared_gate))
+        return out
+
+    def _one_token(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """One token (a decode step of one request): its k experts one after another, in the
+        order of their ids as the grouped path sums them. A grouped multiply visits every
+        expert, chosen or not (on this CPU 73 us a layer for 4 experts, 311 us for 128 with 8
+        chosen; this 44 and 123 us), and reading k ids on the host costs nothing on a CPU."""
+        out = None
+        half = self.w13.shape[-1] // 2
+        for expert, weight in sorted(zip(ids.tolist(), weights.tolist(), strict=True)):
+            gate_up = torch.mm(h, self.w13[expert])
+            y = torch.mm(F.silu(gate_up[:, :half]) * gate_up[:, half:], self.w2[expert])
+            y = y.float() * weight  # (not add_'s alpha: a fused multiply-add rounds once)
+            out = y if out is None else out.add_(y)
+        assert out is not None
+        return out.to(h.dtype)
+
+    def _grouped(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.view(-1)
         order = flat.argsort(stable=True)
         ends = torch.bincount(flat, minlength=self.w13.shape[0]).cumsum(0, dtype=torch.int32)
@@ -177,13 +201,9 @@ class _Moe:
                                   offs=ends)  # fmt: skip
         weighted = weights.view(-1).index_select(0, order)[:, None]  # (fp32)
         if h.dtype == torch.float32:
-            out = torch.zeros_like(h).index_add_(0, rows, pairs * weighted)
-        else:
-            out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-            out = out.index_add_(0, rows, pairs.float() * weighted).to(h.dtype)
-        if self.shared is not None and self.shared_gate is not None:
-            out = out + self.shared(h) * torch.sigmoid(F.linear(h, self.shared_gate))
-        return out
+            return torch.zeros_like(h).index_add_(0, rows, pairs * weighted)
+        out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+        return out.index_add_(0, rows, pairs.float() * weighted).to(h.dtype)
 
 
 @dataclass(slots=True)
