@@ -22,6 +22,7 @@ class Endpoint(StrEnum):
     COMPLETIONS = "completions"  # POST /v1/completions (text in, text out, no chat template)
     SPEECH = "speech"  # POST /v1/audio/speech
     TRANSCRIPTION = "transcription"  # POST /v1/audio/transcriptions
+    TRANSLATION = "translation"  # POST /v1/audio/translations (audio in any language -> English)
     VOICES = "voices"  # /v1/audio/voices
     REALTIME = "realtime"  # WebSocket /v1/realtime
 

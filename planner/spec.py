@@ -162,7 +162,9 @@ class StageSpec(Strict):
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
 
-EndpointName = Literal["chat", "completions", "speech", "transcription", "voices", "realtime"]
+EndpointName = Literal[
+    "chat", "completions", "speech", "transcription", "translation", "voices", "realtime"
+]
 
 
 class CapabilitiesSpec(Strict):

@@ -16,6 +16,7 @@ ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     b"/v1/completions": (Endpoint.COMPLETIONS, True),
     b"/v1/audio/speech": (Endpoint.SPEECH, True),
     b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
+    b"/v1/audio/translations": (Endpoint.TRANSLATION, False),
     b"/v1/audio/voices": (Endpoint.VOICES, False),
     b"/v1/realtime": (Endpoint.REALTIME, False),
     # text streamed into speech (a speech worker's WebSocket: worker.api.speech_stream)
@@ -49,6 +50,7 @@ ENDPOINT_IO: dict[Endpoint, tuple[frozenset[Modality], frozenset[Modality]]] = {
     Endpoint.COMPLETIONS: (_TEXT_ONLY, _TEXT_ONLY),
     Endpoint.SPEECH: (_TEXT_ONLY, _AUDIO_ONLY),
     Endpoint.TRANSCRIPTION: (_AUDIO_ONLY, _TEXT_ONLY),
+    Endpoint.TRANSLATION: (_AUDIO_ONLY, _TEXT_ONLY),
     Endpoint.VOICES: (_NONE, _NONE),
     Endpoint.REALTIME: (_NONE, _NONE),
 }

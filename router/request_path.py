@@ -53,13 +53,20 @@ _NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 # generation requests: no side effect beyond the answer, so one that no worker answered may be
 # sent again (voices are not: an upload may have been stored before the connection broke)
 _RESENDABLE = frozenset(
-    {Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.SPEECH, Endpoint.TRANSCRIPTION}
+    {
+        Endpoint.CHAT,
+        Endpoint.COMPLETIONS,
+        Endpoint.SPEECH,
+        Endpoint.TRANSCRIPTION,
+        Endpoint.TRANSLATION,
+    }
 )
 _METHODS = {
     Endpoint.CHAT: frozenset({b"POST"}),
     Endpoint.COMPLETIONS: frozenset({b"POST"}),
     Endpoint.SPEECH: frozenset({b"POST"}),
     Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
+    Endpoint.TRANSLATION: frozenset({b"POST"}),
     Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
     Endpoint.REALTIME: frozenset({b"GET"}),
 }

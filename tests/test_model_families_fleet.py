@@ -172,6 +172,61 @@ def test_custom_voice_speech_streamed_speech_and_realtime(fleet: FamilyFleet) ->
     assert transcript == "Hello there." and audio_bytes > 0
 
 
+def _telephone(pcm: bytes, fmt: str) -> bytes:
+    """24 kHz pcm16 -> G.711 at 8 kHz, by FFmpeg's resampler and encoder directly."""
+    import av
+
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=8_000)
+    frame = av.AudioFrame.from_ndarray(
+        np.frombuffer(pcm, "<i2").reshape(1, -1), format="s16", layout="mono"
+    )
+    frame.sample_rate, frame.pts = 24_000, 0
+    codec = av.CodecContext.create({"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}[fmt], "w")
+    assert isinstance(codec, av.AudioCodecContext)
+    codec.sample_rate, codec.format, codec.layout = 8_000, "s16", "mono"
+    codec.open()
+    out = b""
+    for f in [*resampler.resample(frame), *resampler.resample(None)]:
+        out += b"".join(bytes(p) for p in codec.encode(f))
+    return out + b"".join(bytes(p) for p in codec.encode(None))
+
+
+def test_speech_sample_rates_telephony_formats_and_voice_objects(fleet: FamilyFleet) -> None:
+    """sample_rate resamples (wav says its rate), mulaw / alaw are G.711 at 8 kHz whole and
+    streamed, the voice may come as {"id": name}; what a format cannot carry is a 400 naming
+    sample_rate."""
+    sdk = fleet.sdk()
+    voice = sdk.models.retrieve("tiny-qwen3-tts").model_dump()["voices"][0]
+    body = {"model": "tiny-qwen3-tts", "input": "Hello.", "voice": voice, "temperature": 0}
+
+    def speak(**kw: Any) -> httpx.Response:
+        return httpx.post(fleet.router.url + "/v1/audio/speech", json={**body, **kw}, timeout=300)
+
+    pcm = speak(response_format="pcm").content
+    assert len(pcm) == FRAMES * 1920 * 2
+    assert speak(response_format="pcm", voice={"id": voice}).content == pcm
+    wav = speak(response_format="wav", sample_rate=16_000).content
+    samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 16_000 and samples.size == FRAMES * 1280
+    assert len(speak(response_format="pcm", sample_rate=48_000).content) == len(pcm) * 2
+    for fmt in ("mulaw", "alaw"):
+        whole = speak(response_format=fmt)
+        assert whole.headers["content-type"] == {"mulaw": "audio/pcmu", "alaw": "audio/pcma"}[fmt]
+        assert whole.content == _telephone(pcm, fmt) and len(whole.content) == FRAMES * 640
+        with httpx.stream("POST", fleet.router.url + "/v1/audio/speech", timeout=300,
+                          json={**body, "response_format": fmt, "stream": True}) as r:  # fmt: skip
+            assert b"".join(r.iter_bytes()) == whole.content
+    mp3 = sdk.audio.speech.create(
+        model="tiny-qwen3-tts", input="Hello.", voice=voice, response_format="mp3",
+        extra_body={"temperature": 0, "sample_rate": 22_050},
+    ).content  # fmt: skip
+    assert sf.info(io.BytesIO(mp3)).samplerate == 22_050
+    for fmt, rate in (("mulaw", 16_000), ("opus", 44_100), ("pcm", 12_345)):
+        refused = speak(response_format=fmt, sample_rate=rate)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "sample_rate", refused.text
+
+
 def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> None:
     sdk = fleet.sdk()
     created = sdk.audio.voices.create(
@@ -201,6 +256,10 @@ def test_transcription_with_word_timestamps_and_streamed(fleet: FamilyFleet) -> 
     audio = ("a.wav", tone_wav(2.0, rate=16_000, freq=330.0), "audio/wav")
     plain = sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio)
     assert isinstance(plain.text, str)
+    # Qwen3-ASR writes what it hears: no worker of this fleet advertises translations
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.audio.translations.create(model="tiny-qwen3-asr", file=audio)
+    assert err.value.code == "endpoint_not_served"
     verbose = sdk.audio.transcriptions.create(
         model="tiny-qwen3-asr", file=audio, response_format="verbose_json",
         timestamp_granularities=["word", "segment"],
@@ -288,13 +347,18 @@ def test_production_specs_on_the_tiny_checkpoints_equal_the_tiny_specs(fleet: Fa
 
 
 def utterance(
-    ws: Any, pieces: list[str], pause: float, meanwhile: Callable[[], None] | None = None
+    ws: Any,
+    pieces: list[str],
+    pause: float,
+    meanwhile: Callable[[], None] | None = None,
+    **options: Any,
 ) -> tuple[bytes, float | None, float]:
     """An utterance on a ``/v1/audio/speech/stream`` socket, its text sent in ``pieces`` with
-    ``pause`` s between them (``meanwhile`` run once the first is sent): (audio, when its first
-    audio came, when the last piece went), times from the start."""
+    ``pause`` s between them (``meanwhile`` run once the first is sent; ``options`` added to
+    ``speech.create``): (audio, when its first audio came, when the last piece went), times
+    from the start."""
     t0 = time.monotonic()
-    create = {"type": "speech.create", "voice": "vivian", "seed": 5, "input": pieces[0]}
+    create = {"type": "speech.create", "voice": "vivian", "seed": 5, "input": pieces[0], **options}
     ws.send(json.dumps(create))
     assert json.loads(ws.recv(timeout=60))["type"] == "speech.created"
     if meanwhile is not None:
@@ -337,6 +401,9 @@ def test_text_streamed_into_speech_through_the_router(fleet: FamilyFleet) -> Non
         assert first is not None and first < last, (first, last)
         at_once, _, _ = utterance(ws, ["".join(words)], pause=0)
         assert streamed and streamed == at_once
+        # telephony audio on the socket: the same speech as G.711 mu-law at 8 kHz
+        mulaw, _, _ = utterance(ws, ["".join(words)], pause=0, response_format="mulaw")
+        assert len(mulaw) == len(at_once) // 6 and mulaw == _telephone(at_once, "mulaw")
         ws.send(json.dumps({"type": "input_text.delta", "delta": "no utterance"}))
         error = json.loads(ws.recv(timeout=30))
         assert error["error"]["code"] == "invalid_request" and error["error"]["param"] == "type"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import openai
@@ -147,6 +148,27 @@ def test_transcription(sdk: openai.OpenAI) -> None:
     assert prompt_tokens(language="en") > plain
 
 
+def test_translation(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    """``/v1/audio/translations`` on Qwen3-Omni through the router: OpenAI's shape and formats,
+    another prompt than the transcription's (the thinker is asked for English text); the
+    transcription's own fields are refused, naming them."""
+    clip = ("clip.wav", wav_bytes(1.5), "audio/wav")
+    out = sdk.audio.translations.create(model=MODEL, file=clip, response_format="verbose_json")
+    assert out.task == "translate" and out.language == "english", out  # type: ignore[attr-defined]
+    assert out.duration == 1.5  # type: ignore[attr-defined]
+    text = sdk.audio.translations.create(model=MODEL, file=clip, response_format="text")
+    assert text == out.text  # (greedy: one answer)
+    vtt = sdk.audio.translations.create(model=MODEL, file=clip, response_format="vtt")
+    assert vtt.startswith("WEBVTT")  # type: ignore[union-attr]
+    said = sdk.audio.transcriptions.create(model=MODEL, file=clip).model_dump()["usage"]
+    translated = sdk.audio.translations.create(model=MODEL, file=clip).model_dump()["usage"]
+    assert translated["input_tokens"] != said["input_tokens"]  # (another instruction)
+    for extra, param in (({"language": "de"}, "language"), ({"stream": "true"}, "stream")):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.translations.create(model=MODEL, file=clip, extra_body=extra)
+        assert err.value.param == param, err.value
+
+
 def test_same_answer_through_either_router(omni_fleet: Fleet) -> None:
     answers = set()
     for r in omni_fleet.routers:
@@ -209,6 +231,118 @@ def test_sampling_fields_are_honoured(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         say(stop="x", modalities=["text", "audio"], audio={"voice": VOICE, "format": "wav"})
     assert err.value.param == "stop"
+
+
+def test_top_p_and_min_p_shape_the_draws(sdk: openai.OpenAI) -> None:
+    """On a seeded draw that differs from the greedy reply, a tiny top_p or a min_p of 1 keeps
+    only the likeliest token at each step: the greedy reply again (ignored, they would leave
+    the draw as it was)."""
+    messages = [{"role": "user", "content": "Tell me something new."}]
+
+    def say(**kw: Any) -> str | None:
+        out = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **kw)
+        return out.choices[0].message.content
+
+    greedy = say(temperature=0)
+    seed = next(s for s in range(1, 9) if say(temperature=1.0, seed=s) != greedy)
+    assert say(temperature=1.0, seed=seed, top_p=1e-6) == greedy
+    assert say(temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
+    assert say(temperature=1.0, seed=seed, top_p=1.0) != greedy
+
+
+# each sampling field out of its range, and the param the 400 names
+OUT_OF_RANGE = [
+    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"seed": 2**64}, "seed"),
+    ({"n": 9}, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias"),  # (outside the vocabulary: SGLang's check)
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 129}, "max_tokens"),  # (over the spec's 128 per reply)
+    ({"max_completion_tokens": 129}, "max_completion_tokens"),
+]
+
+
+def test_every_sampling_field_out_of_range_is_a_400_naming_it(sdk: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    for body, param in OUT_OF_RANGE:
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.chat.completions.create(model=MODEL, messages=messages, extra_body=body)
+        assert err.value.code == "invalid_request" and err.value.param == param, (body, err.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=500)
+    assert "128" in err.value.message and "thinker.engine.max_new_tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=MODEL, prompt="x", max_tokens=129)
+    assert err.value.param == "max_tokens"
+    # the worker refused them; the fleet still answers (no worker was blamed)
+    assert sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=128)
+
+
+def _png(side: int) -> str:
+    from PIL import Image
+
+    pixels = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_message_fields_are_honoured_or_refused(sdk: openai.OpenAI) -> None:
+    """developer means system; a speaker name, metadata, stream_options without stream and a
+    clip whose container is not its declared format are refused naming the field; an image's
+    detail "low" shows the model a smaller image (fewer prompt tokens)."""
+
+    def ask(messages: list, **kw: Any) -> openai.types.chat.ChatCompletion:
+        return sdk.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, temperature=0, **kw
+        )
+
+    user = {"role": "user", "content": "What is new?"}
+    as_system = ask([{"role": "system", "content": "Be brief."}, user])
+    as_developer = ask([{"role": "developer", "content": "Be brief."}, user])
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    assert as_developer.usage and as_system.usage
+    assert as_developer.usage.prompt_tokens == as_system.usage.prompt_tokens
+    wav = base64.b64encode(wav_bytes(0.5)).decode()
+    refusals = [
+        ([{**user, "name": "ann"}], {}, "messages.0.name"),
+        ([user], {"metadata": {"k": "v"}}, "metadata"),
+        ([user], {"stream_options": {"include_usage": True}}, "stream_options"),
+        ([user], {"store": True}, "store"),
+        (
+            [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}]}],
+            {}, "messages.0.content.0.input_audio.format",
+        ),
+    ]  # fmt: skip
+    for messages, extra, param in refusals:
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(messages, **extra)
+        assert err.value.param == param, err.value
+    heard = ask([{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}])  # fmt: skip
+    assert heard.choices[0].message.content is not None
+    image = _png(768)
+
+    def seen(detail: str) -> int:
+        part = {"type": "image_url", "image_url": {"url": image, "detail": detail}}
+        out = ask([{"role": "user", "content": [part, {"type": "text", "text": "What?"}]}])
+        assert out.usage is not None
+        return out.usage.prompt_tokens
+
+    assert seen("low") < seen("high") == seen("auto")
 
 
 def test_logprobs_whole_and_streamed(sdk: openai.OpenAI) -> None:

@@ -98,6 +98,60 @@ def test_text_in_text_and_audio_out(omni_fleet: Fleet) -> None:
     asyncio.run(run())
 
 
+def test_seed_and_top_p_are_honoured_and_unserved_fields_refused(omni_fleet: Fleet) -> None:
+    """A response's (or the session's) seed gives the same draw again, a tiny top_p keeps the
+    likeliest token (the greedy reply); OpenAI's fields this server does not serve (tools,
+    speed) are error events naming them, at their neutral values they pass, and an unknown
+    field is refused, not dropped. The session goes on after each."""
+    ask = {"type": "message", "role": "user",
+           "content": [{"type": "input_text", "text": "Tell me something new."}]}  # fmt: skip
+
+    async def run() -> None:
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+
+            async def reply(**settings: object) -> str:
+                await conn.response.create(response={
+                    "output_modalities": ["text"], "conversation": "none", "input": [ask],
+                    "max_output_tokens": 12, **settings,
+                })  # fmt: skip
+                return (await read_response(conn)).text
+
+            async def update(session: dict) -> object:
+                await conn.send_raw(orjson.dumps(
+                    {"type": "session.update", "session": {"type": "realtime", **session}}
+                ).decode())  # fmt: skip
+                return await conn.recv()
+
+            greedy = await reply()
+            seed, drawn = None, greedy
+            for s in range(1, 9):
+                drawn = await reply(temperature=1.0, seed=s)
+                if drawn != greedy:
+                    seed = s
+                    break
+            assert seed is not None, "no seed drew another reply than the greedy one"
+            assert await reply(temperature=1.0, seed=seed) == drawn
+            assert await reply(temperature=1.0, seed=seed, top_p=1e-6) == greedy
+            updated = await update({"temperature": 1.0, "seed": seed})
+            assert updated.type == "session.updated", updated
+            assert await reply() == drawn  # the session's seed
+            neutral = await update({"tools": [], "tool_choice": "auto", "tracing": None})
+            assert neutral.type == "session.updated", neutral
+            tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+            for session, param in (
+                ({"tools": [tool]}, "session.tools"),
+                ({"audio": {"output": {"speed": 1.25}}}, "session.audio.output.speed"),
+                ({"modality": ["text"]}, "session.modality"),
+            ):
+                error = await update(session)
+                assert error.type == "error", error
+                assert error.error.param == param, error
+            assert await reply() == drawn  # the session goes on, its settings unchanged
+
+    asyncio.run(run())
+
+
 def test_audio_in_with_server_vad(omni_fleet: Fleet) -> None:
     async def run() -> None:
         async with connect(omni_fleet, new_session_id()) as conn:

@@ -31,7 +31,15 @@ _LATENCY_SAMPLES = 64
 
 # The endpoints this worker has routes for. A spec may list more (Qwen3-Omni's lists realtime);
 # advertising those would send clients to a worker that answers 404.
-SERVED_ENDPOINTS = ("chat", "completions", "speech", "transcription", "voices", "realtime")
+SERVED_ENDPOINTS = (
+    "chat",
+    "completions",
+    "speech",
+    "transcription",
+    "translation",
+    "voices",
+    "realtime",
+)
 
 
 def capabilities_of(spec: ModelSpec) -> Capabilities:

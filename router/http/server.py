@@ -18,8 +18,9 @@ from router.http.wire import error_response
 
 # POST bodies that routing does not need (multipart uploads): streamed, not buffered; every
 # one of these paths starts with /v1/audio/
-STREAMED_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/voices"})
-RESENDABLE_UPLOAD = b"/v1/audio/transcriptions"  # no side effect: may go to a second worker
+# no side effect: may go to a second worker
+RESENDABLE_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/translations"})
+STREAMED_UPLOADS = RESENDABLE_UPLOADS | {b"/v1/audio/voices"}
 # Lingering close, as nginx does it (and the worker, worker/api/gate.py): a request refused
 # before its body was read (413, 414, 431, 401, 415, a worker's early answer to an upload) is
 # answered, the sending side shut down, then what the client still sends is read and dropped
@@ -418,7 +419,7 @@ class ClientConnection(asyncio.Protocol):
             self.uploading = True
             self.upload_ended = False
             self.upload_buf = []
-            self.upload_kept = [] if path == RESENDABLE_UPLOAD else None
+            self.upload_kept = [] if path in RESENDABLE_UPLOADS else None
             self.upload_length = length
             self.upload_chunked = length is None
             parser = self.parser

@@ -323,6 +323,38 @@ def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> 
     np.testing.assert_allclose(patches, expected["pixel_values"], atol=1e-5)
 
 
+@pytest.mark.parametrize("translate", [False, True])
+def test_the_thinker_is_asked_to_transcribe_or_translate_in_words(
+    tmp_path: Path, translate: bool
+) -> None:
+    """The exact prompt of ``/v1/audio/transcriptions`` and ``/v1/audio/translations`` on
+    Qwen3-Omni: the request's prompt as the system's context, then the clip and the instruction
+    in the user's turn (English text whatever the clip's language, for a translation)."""
+    from planner.spec import ModelSpec
+    from worker.models.checkpoint import resolve_checkpoint
+    from worker.models.qwen3_omni.preprocess import OmniPreprocess
+    from worker.models.qwen3_omni.processor import OmniProcessor
+    from worker.stages.request import RequestInput, TranscriptionOptions
+
+    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
+    pre = OmniPreprocess.__new__(OmniPreprocess)  # (its stage context is not needed here)
+    pre.processor = OmniProcessor(resolve_checkpoint(spec, SPEC, tmp_path, log=lambda _m: None))
+    pre.context_length = 2048
+    clip = np.zeros(16_000, dtype=np.float32)
+    options = TranscriptionOptions(prompt="Names: Oslo.", translate=translate)
+    ids = pre.prepare(RequestInput("transcription", audio=clip, transcription=options))
+    text = pre.processor.tokenizer.decode(ids["input_ids"])
+    audio = text[text.index("<|audio_start|>") : text.index("<|audio_end|>") + 13]
+    task = (
+        "Translate the audio into English text." if translate else "Transcribe the audio into text."
+    )
+    # (the tiny checkpoint's template writes no newline after a role, Qwen's real one does)
+    assert text == (
+        f"<|im_start|>systemNames: Oslo.<|im_end|>\n<|im_start|>user{audio}{task}"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    ), text
+
+
 def test_multi_turn_media_stay_in_their_turns_and_order(served) -> None:
     """An earlier turn's clip and image belong to that turn, and parts keep their order
     (``[text, audio]`` is another prompt than ``[audio, text]``): the worker used to join every

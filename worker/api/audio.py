@@ -102,9 +102,11 @@ def decode_audio(
     param: str | None = "file",
     target_rate: int = AUDIO_INPUT_RATE,
     max_decoded_bytes: int | None = None,
+    container: str | None = None,
 ) -> np.ndarray:
     """Any format libsndfile reads (wav, flac, ogg vorbis/opus, mp3) -> mono float32 at
-    ``target_rate``. Blocking: on the event loop call ``decode_audio_async``.
+    ``target_rate``; with ``container`` (a client's declared format: wav, flac, ogg, mp3), only
+    that one. Blocking: on the event loop call ``decode_audio_async``.
 
     Length and decoded size (rate x channels x seconds) are checked from the header before a
     sample is decoded, so a 100 KB file of 8-channel 192 kHz silence is refused for nothing.
@@ -121,6 +123,11 @@ def decode_audio(
     except Exception as exc:  # libsndfile raises several types for garbage
         raise _decode_failed(exc, param) from exc
     with source:
+        if container is not None and source.format.lower() != container:
+            raise invalid_audio(
+                f"audio is {source.format.lower()}, not the {container} its format says",
+                f"{param}.format" if param else None,
+            )
         rate, channels, frames = source.samplerate, source.channels, source.frames
         if rate <= 0 or channels <= 0 or frames <= 0:
             raise invalid_audio("audio has no samples", param)
@@ -164,6 +171,7 @@ async def decode_audio_async(
     param: str | None = "file",
     target_rate: int = AUDIO_INPUT_RATE,
     max_decoded_bytes: int | None = None,
+    container: str | None = None,
 ) -> np.ndarray:
     """``decode_audio`` on the decode threads, so the event loop (and with it the heartbeat
     and every other request) keeps running while a long upload decodes. Use this from routes
@@ -176,6 +184,7 @@ async def decode_audio_async(
         param=param,
         target_rate=target_rate,
         max_decoded_bytes=limit,
+        container=container,
     )
     return await asyncio.get_running_loop().run_in_executor(_decoder.pool, work)
 

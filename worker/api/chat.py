@@ -23,6 +23,7 @@ from worker.api.common import (
 from worker.api.errors import stage_error
 from worker.api.generation import Collected, merged_events
 from worker.api.images import decode_image
+from worker.api.limits import check_max_tokens
 from worker.api.media import media_bytes
 from worker.api.replay import created, reply_id
 from worker.api.schemas import (
@@ -39,6 +40,7 @@ from worker.api.textgen import (
     choices,
     collect_all,
     event_stream,
+    refuse_unserved,
     sampling_of,
     sse,
     stops,
@@ -76,6 +78,13 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
     messages: list[dict] = []
     total_seconds = 0.0
     for i, message in enumerate(body.messages):
+        if message.name is not None:  # (refused, not dropped: the prompt would not show it)
+            raise bad(
+                "the model's chat template has no speaker names: put the name in the content",
+                f"messages.{i}.name",
+            )
+        if message.role == "developer":  # OpenAI's newer name for system instructions
+            message = message.model_copy(update={"role": "system"})
         if message.role == "tool" or message.tool_calls:
             messages.append(_tool_turn(message, i))
             continue
@@ -94,7 +103,8 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
                 if Modality.IMAGE not in service.capabilities.input_modalities:
                     raise bad(f"model {body.model!r} takes no image input", param)
                 raw = await media_bytes(part.image_url.url, "image", service.settings, param)
-                image = await asyncio.to_thread(decode_image, raw, param)
+                low = part.image_url.detail == "low"
+                image = await asyncio.to_thread(decode_image, raw, param, low)
                 parts.append({"type": "image", "image": image})
             elif isinstance(part, VideoPart):
                 if Modality.VIDEO not in service.capabilities.input_modalities:
@@ -105,9 +115,12 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
             elif isinstance(part, AudioPart):
                 if Modality.AUDIO not in service.capabilities.input_modalities:
                     raise bad(f"model {body.model!r} takes no audio input", param)
-                raw = audio.b64decode(part.input_audio.data, param)
+                param += ".input_audio"
+                raw = audio.b64decode(part.input_audio.data, param + ".data")
                 left = service.settings.max_audio_seconds - total_seconds
-                clip = await audio.decode_audio_async(raw, max_seconds=max(left, 0.0), param=param)
+                clip = await audio.decode_audio_async(
+                    raw, max_seconds=max(left, 0.0), param=param, container=part.input_audio.format
+                )
                 total_seconds += clip.size / AUDIO_INPUT_RATE
                 parts.append({"type": "audio", "audio": clip.astype(np.float32)})
         if all(p["type"] == "text" for p in parts):
@@ -183,8 +196,9 @@ async def chat_completions(request: Request) -> Response:
             raise bad(
                 "modalities includes 'audio': the 'audio' {voice, format} is required", "audio"
             )
-    if body.store:  # nothing is stored: refused rather than ignored
-        raise bad("store: true is not served (this worker keeps no completions)", "store")
+    refuse_unserved(body)
+    for field in ("max_completion_tokens", "max_tokens"):
+        check_max_tokens(service.spec, getattr(body, field), field)
     n = body.n or 1
     if n > 1 and want_audio:
         raise bad("n > 1 is not supported with audio output", "n")

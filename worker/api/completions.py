@@ -26,6 +26,7 @@ from worker.api.common import (
 )
 from worker.api.errors import stage_error
 from worker.api.generation import Collected, merged_events
+from worker.api.limits import check_max_tokens
 from worker.api.replay import created, reply_id
 from worker.api.schemas import COMPLETION_MAX_PROMPTS, CompletionRequest
 from worker.api.textgen import (
@@ -33,6 +34,7 @@ from worker.api.textgen import (
     choices,
     collect_all,
     event_stream,
+    refuse_unserved,
     sampling_of,
     sse,
     stops,
@@ -69,8 +71,7 @@ def _check(body: CompletionRequest, prompts: list[str | list[int]]) -> None:
         raise bad("suffix is not served: this model does not fill in the middle", "suffix")
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise bad("best_of is served only equal to n (choices are not ranked)", "best_of")
-    if body.store:  # nothing is stored: refused rather than ignored
-        raise bad("store: true is not served (this worker keeps no completions)", "store")
+    refuse_unserved(body)
     if body.echo and body.logprobs is not None:
         raise bad("echo with logprobs is not served (the prompt's are not computed)", "echo")
     if body.echo and any(not isinstance(p, str) for p in prompts):
@@ -89,6 +90,7 @@ async def completions(request: Request) -> Response:
         raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve completions")
     prompts = _prompts(body.prompt)
     _check(body, prompts)
+    check_max_tokens(service.spec, body.max_tokens, "max_tokens")
     n = body.n or 1
     stop = stops(body.stop)
     session = session_of(request, body.user)

@@ -72,15 +72,24 @@ def from_pydantic(exc: ValidationError) -> OmniError:
     return validation_error(exc.errors(include_url=False))
 
 
-def stage_error(exc: StageFailed) -> tuple[int, ErrorCode, str]:
-    """Status, code and message for a failure raised out of the pipeline: the client's fault
-    (``RequestInvalid``, 400) or the worker's (503)."""
+# The request fields a stage's refusal names: SGLang's own check of the sampling values
+# (``SamplingParams.verify``: a logit_bias key outside the vocabulary, ...), "<stage>: <field> ..."
+_FIELD_REFUSED = re.compile(
+    r"^\w+: (logit_bias|temperature|top_p|top_k|min_p|presence_penalty|frequency_penalty"
+    r"|repetition_penalty)\b"
+)
+
+
+def stage_error(exc: StageFailed) -> tuple[int, ErrorCode, str, str | None]:
+    """Status, code, message and param for a failure raised out of the pipeline: the client's
+    fault (``RequestInvalid``, 400) or the worker's (503)."""
     if isinstance(exc, RequestInvalid):
         # the stages' one sentence for a prompt that cannot fit (tokens counted in the stage)
         if "exceeds the context length" in str(exc):
-            return 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(exc)
-        return 400, ErrorCode.INVALID_REQUEST, str(exc)
-    return 503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}"
+            return 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(exc), None
+        field = _FIELD_REFUSED.match(str(exc))
+        return 400, ErrorCode.INVALID_REQUEST, str(exc), field[1] if field else None
+    return 503, ErrorCode.STAGE_FAILED, f"pipeline stage failed: {exc}", None
 
 
 def install(app: FastAPI) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet.errors import ErrorCode, OmniError
-from planner.spec import ModelSpec
+from planner.spec import Executor, ModelSpec
 from worker.api import audio
 from worker.settings import WorkerSettings
 
@@ -22,6 +22,35 @@ def max_prompt_bytes(settings: WorkerSettings, spec: ModelSpec) -> int:
         return settings.max_prompt_bytes
     longest = max((s.engine.context_length for s in spec.stages.values()), default=4096)
     return longest * BYTES_PER_TOKEN_BOUND
+
+
+def reply_token_limit(spec: ModelSpec) -> tuple[str, int] | None:
+    """The stage that writes a model's text replies (the autoregressive one streaming to the
+    text decoder) and its ``max_new_tokens``; None for a model without text replies."""
+    for name, stage in spec.stages.items():
+        if stage.executor == Executor.AUTOREGRESSIVE and any(
+            spec.stages[to].executor == Executor.DECODE for to in stage.stream_to
+        ):
+            return name, stage.engine.max_new_tokens
+    return None
+
+
+def check_max_tokens(spec: ModelSpec, asked: int | None, param: str) -> None:
+    """A 400 naming ``param`` when a reply asks for more tokens than the spec lets one reply
+    have. Refused rather than cut short: the operator's ``max_new_tokens`` bounds a reply's
+    time and KV, and a client told "length" after fewer tokens than it asked for could not tell
+    a limit from the model's own end."""
+    limit = reply_token_limit(spec)
+    if asked is None or limit is None or asked <= limit[1]:
+        return
+    stage, most = limit
+    raise OmniError(
+        400,
+        ErrorCode.INVALID_REQUEST,
+        f"{param} {asked} is over this model's {most} tokens per reply (its spec's "
+        f"stages.{stage}.engine.max_new_tokens); ask for {most} or fewer",
+        param,
+    )
 
 
 def _texts(body: dict):

@@ -4,13 +4,27 @@ the field). A chat's sampling fields are honoured by the thinker (worker.stages.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class VoiceRef(Body):
+    """The object form of ``voice`` that OpenAI's SDK sends for a custom voice."""
+
+    id: str = Field(min_length=1)
+
+
+def _voice_id(value: Any) -> Any:
+    return VoiceRef.model_validate(value).id if isinstance(value, dict) else value
+
+
+# a voice's name, given as a string or as {"id": name}
+Voice = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_voice_id)]
 
 
 class _Sampling(Body):
@@ -21,14 +35,15 @@ class _Sampling(Body):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
+    user: str | None = None  # (a session's affinity key: worker.api.common.session_of)
+    metadata: dict[str, str] | None = None  # (refused: kept only with stored completions)
+    store: bool | None = None  # (true refused: nothing is stored)
 
 
 class InputAudio(Body):
     data: str = Field(min_length=1, description="base64 audio file")
-    format: Literal["wav", "mp3", "flac", "ogg"] = "wav"
+    # unset: any container libsndfile reads; set: the clip must be of that container
+    format: Literal["wav", "mp3", "flac", "ogg"] | None = None
 
 
 class TextPart(Body):
@@ -43,6 +58,7 @@ class AudioPart(Body):
 
 class ImageUrl(Body):
     url: str = Field(min_length=1, description="a data:image/...;base64 URL")
+    # low: the image scaled to fit 512x512 first (OpenAI's low detail); auto, high: as sent
     detail: Literal["auto", "low", "high"] | None = None
 
 
@@ -105,7 +121,7 @@ class NamedToolChoice(Body):
 
 
 class AudioOutput(Body):
-    voice: str = Field(min_length=1)
+    voice: Voice
     format: Literal["wav", "pcm16", "pcm"] = "wav"
 
 
@@ -169,7 +185,10 @@ class CompletionRequest(TextGeneration):
 
 SPEECH_INPUT_CHARS = 4096  # OpenAI's limit for one input
 
-SpeechFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac"]
+# mulaw / alaw: G.711 telephony audio, 8 kHz, a byte per sample, no header
+SpeechFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac", "mulaw", "alaw"]
+# the rates speech is resampled to (the model speaks 24 kHz)
+SampleRate = Literal[8_000, 16_000, 22_050, 24_000, 44_100, 48_000]
 
 
 class SpeechSampling(Body):
@@ -187,8 +206,9 @@ class SpeechSampling(Body):
 class SpeechRequest(SpeechSampling):
     model: str
     input: str = Field(min_length=1, max_length=SPEECH_INPUT_CHARS)
-    voice: str = Field(min_length=1)
+    voice: Voice
     response_format: SpeechFormat = "wav"
+    sample_rate: SampleRate | None = None  # unset: 24 kHz (G.711: 8 kHz, its only rate)
     speed: float = Field(1.0, ge=0.25, le=4.0, description="tempo; the pitch stays")
     instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
     language: str | None = Field(None, max_length=32, description="Qwen3-TTS: a language name")
@@ -198,7 +218,7 @@ class SpeechRequest(SpeechSampling):
 
 class SpeechItem(Body):
     input: str = Field(min_length=1, max_length=SPEECH_INPUT_CHARS)
-    voice: str | None = Field(None, min_length=1)
+    voice: Voice | None = None
     instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
     language: str | None = Field(None, max_length=32)
 
@@ -210,17 +230,23 @@ class SpeechBatchRequest(SpeechSampling):
 
     model: str
     inputs: list[SpeechItem] = Field(min_length=1, max_length=64)
-    voice: str | None = Field(None, min_length=1)
+    voice: Voice | None = None
     instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
     language: str | None = Field(None, max_length=32)
     response_format: SpeechFormat = "wav"
+    sample_rate: SampleRate | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
 
 
-class TranscriptionForm(Body):
+class TranslationForm(Body):
+    """``/v1/audio/translations``: OpenAI's form (audio in any language -> English text)."""
+
     model: str
-    language: str | None = Field(None, max_length=32)
     prompt: str | None = Field(None, max_length=4096)
     response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
     temperature: float | None = Field(None, ge=0, le=1)
+
+
+class TranscriptionForm(TranslationForm):
+    language: str | None = Field(None, max_length=32)
     stream: bool = False

@@ -1,8 +1,10 @@
-"""POST /v1/audio/speech: text to speech as a whole file (wav, pcm, mp3, flac, opus, aac), or
-streamed while the vocoder produces it (``stream_format: "audio"`` or ``stream: true``: chunked
-transfer, encoded incrementally; ``stream_format: "sse"``: ``speech.audio.delta`` events of
-pcm16). ``speed`` is applied as a tempo change (pitch kept); ``instructions`` and ``language``
-reach models that take them (Qwen3-TTS) and are refused (400) by the others.
+"""POST /v1/audio/speech: text to speech as a whole file (wav, pcm, mp3, flac, opus, aac, and
+G.711 mulaw / alaw), or streamed while the vocoder produces it (``stream_format: "audio"`` or
+``stream: true``: chunked transfer, encoded incrementally; ``stream_format: "sse"``:
+``speech.audio.delta`` events, each the next bytes of the response format, raw pcm16 for wav).
+``sample_rate`` resamples (worker.api.speech_formats); ``speed`` is applied as a tempo change
+(pitch kept); ``instructions`` and ``language`` reach models that take them (Qwen3-TTS) and are
+refused (400) by the others.
 
 POST /v1/audio/speech/batch: several inputs in one request, generated together by the engine
 (their talker steps run as one batch); the answer lists each input's audio, base64-encoded."""
@@ -99,21 +101,22 @@ async def speech(request: Request) -> Response:
     _check(service, body.model)
     if not body.input.strip():
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", "input")
+    fmt = body.response_format
+    rate = speech_formats.output_rate(fmt, body.sample_rate)
     gen, ticket = await admitted_speech(
         service, session_of(request), body.input, body.voice, body.instructions, body.language
     )
     gen.speech_sampling = speech_sampling(request, body)
-    fmt = body.response_format
     if body.stream_format == "sse":
         return TrackedStream(
-            _sse_stream(service, gen, ticket, body.speed),
+            _sse_stream(service, gen, ticket, fmt, body.speed, rate),
             ticket,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     if body.stream or body.stream_format == "audio":
         return TrackedStream(
-            _audio_stream(service, gen, ticket, fmt, body.speed),
+            _audio_stream(service, gen, ticket, fmt, body.speed, rate),
             ticket,
             media_type=speech_formats.media_type(fmt),
             headers={"X-Accel-Buffering": "no"},
@@ -125,7 +128,8 @@ async def speech(request: Request) -> Response:
     if result is None:
         return closed_response()
     return Response(
-        _whole(bytes(result.pcm16), fmt, body.speed), media_type=speech_formats.media_type(fmt)
+        _whole(bytes(result.pcm16), fmt, body.speed, rate),
+        media_type=speech_formats.media_type(fmt),
     )
 
 
@@ -162,10 +166,10 @@ def speech_sampling(request: HTTPConnection, body: SpeechSampling, index: int = 
     )
 
 
-def _whole(pcm16: bytes, fmt: str, speed: float) -> bytes:
-    out = speech_formats.Output(fmt if fmt not in ("wav", "pcm") else "pcm", speed)
+def _whole(pcm16: bytes, fmt: str, speed: float, rate: int) -> bytes:
+    out = speech_formats.Output(fmt, speed, rate)
     data = out.feed(pcm16) + out.close()
-    return audio.encode(data, fmt) if fmt in ("wav", "pcm") else data
+    return audio.wav_header(len(data), rate) + data if fmt == "wav" else data
 
 
 @router.post("/v1/audio/speech/batch")
@@ -175,6 +179,8 @@ async def speech_batch(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request, SpeechBatchRequest)
     _check(service, body.model)
+    fmt = body.response_format
+    rate = speech_formats.output_rate(fmt, body.sample_rate)
     gens = []
     for i, item in enumerate(body.inputs):
         if not item.input.strip():
@@ -216,13 +222,13 @@ async def speech_batch(request: Request) -> Response:
             t.release()
     if results is None:
         return closed_response()
-    fmt = body.response_format
     data = [
         {
             "object": "speech",
             "index": i,
             "format": fmt,
-            "audio": base64.b64encode(_whole(bytes(r.pcm16), fmt, body.speed)).decode(),
+            "sample_rate": rate,
+            "audio": base64.b64encode(_whole(bytes(r.pcm16), fmt, body.speed, rate)).decode(),
             "seconds": round(audio.pcm16_seconds(bytes(r.pcm16)) / body.speed, 3),
         }
         for i, r in enumerate(results)
@@ -231,13 +237,18 @@ async def speech_batch(request: Request) -> Response:
 
 
 async def _audio_stream(
-    service: WorkerService, gen: GenerationRequest, ticket: Ticket, fmt: str, speed: float
+    service: WorkerService,
+    gen: GenerationRequest,
+    ticket: Ticket,
+    fmt: str,
+    speed: float,
+    rate: int,
 ):
     done = False
-    out = speech_formats.Output("pcm" if fmt in ("wav", "pcm") else fmt, speed)
+    out = speech_formats.Output(fmt, speed, rate)
     try:
         if fmt == "wav":
-            yield audio.wav_header(None)
+            yield audio.wav_header(None, rate)
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk) and event.pcm16:
@@ -257,10 +268,17 @@ async def _audio_stream(
     # client sees a truncated transfer instead of a short file that looks complete.
 
 
-async def _sse_stream(service: WorkerService, gen: GenerationRequest, ticket: Ticket, speed: float):
+async def _sse_stream(
+    service: WorkerService,
+    gen: GenerationRequest,
+    ticket: Ticket,
+    fmt: str,
+    speed: float,
+    rate: int,
+):
     done = False
     finished = Finished("stop")
-    out = speech_formats.Output("pcm", speed)
+    out = speech_formats.Output(fmt, speed, rate)  # (wav: raw pcm16, no header in events)
     try:
         async with events(service, gen) as stream:
             async for event in stream:

@@ -9,16 +9,17 @@ without a transcript).
 Client -> worker (JSON text frames):
 
 - ``{"type": "speech.create", "voice", "model"?, "input"?, "language"?, "instructions"?,
-  "temperature"?, "top_p"?, "top_k"?, "repetition_penalty"?, "seed"?}``: an utterance begins
-  (``input``: its first text, if any);
+  "response_format"? (pcm, mulaw, alaw), "sample_rate"?, "temperature"?, "top_p"?, "top_k"?,
+  "repetition_penalty"?, "seed"?}``: an utterance begins (``input``: its first text, if any);
 - ``{"type": "input_text.delta", "delta": "..."}``: more of its text;
 - ``{"type": "input_text.done"}``: its text is complete.
 
-Worker -> client: ``speech.created {id}``, then ``speech.audio.delta {id, audio}`` (base64
-pcm16, 24 kHz mono) as the vocoder makes it, then ``speech.audio.done {id, usage}``; after that
-the next ``speech.create`` may come. A mistake is an ``error`` event (``{"error": {code,
-message, param}}``) and the socket stays open; a wrong worker token or a model without streamed
-text closes it (1008). The router routes the socket like ``/v1/realtime``.
+Worker -> client: ``speech.created {id, response_format, sample_rate}``, then
+``speech.audio.delta {id, audio}`` (base64 of the next bytes: pcm16 mono at the sample rate, 24
+kHz unless asked, or G.711 at 8 kHz) as the vocoder makes it, then ``speech.audio.done {id,
+usage}``; after that the next ``speech.create`` may come. A mistake is an ``error`` event
+(``{"error": {code, message, param}}``) and the socket stays open; a wrong worker token or a
+model without streamed text closes it (1008). The router routes the socket like ``/v1/realtime``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from starlette.websockets import WebSocketDisconnect
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
+from worker.api import speech_formats
 from worker.api.errors import from_pydantic, stage_error
 from worker.api.generation import events
 from worker.api.realtime.endpoint import authorised
-from worker.api.schemas import SPEECH_INPUT_CHARS, Body, SpeechSampling
+from worker.api.schemas import SPEECH_INPUT_CHARS, Body, SampleRate, SpeechSampling, Voice
 from worker.api.speech import admitted_speech, speech_sampling
 from worker.api.streamed_text import StreamedText
 from worker.engine import AudioChunk, Finished, GenerationRequest, StageFailed
@@ -53,7 +55,9 @@ POLICY_VIOLATION = 1008
 class SpeechCreate(SpeechSampling):
     type: Literal["speech.create"]
     model: str | None = None
-    voice: str = Field(min_length=1)
+    voice: Voice
+    response_format: Literal["pcm", "mulaw", "alaw"] = "pcm"
+    sample_rate: SampleRate | None = None
     input: str = Field("", max_length=SPEECH_INPUT_CHARS)
     language: str | None = Field(None, max_length=32)
     instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
@@ -153,31 +157,45 @@ async def _start(
     websocket: WebSocket, service: WorkerService, event: SpeechCreate, send: Send
 ) -> _Utterance:
     service.check_model(event.model or service.spec.name)
+    rate = speech_formats.output_rate(event.response_format, event.sample_rate)
     gen, ticket = await admitted_speech(
         service, None, event.input, event.voice, event.instructions, event.language
     )
     gen.speech_sampling = speech_sampling(websocket, event)
     utterance = _Utterance(gen.request_id, event.input)
     gen.text_stream = utterance.text.pieces()
-    await send({"type": "speech.created", "id": utterance.id})
-    utterance.task = asyncio.create_task(_speak(service, gen, ticket, utterance, send))
+    await send(
+        {"type": "speech.created", "id": utterance.id,
+         "response_format": event.response_format, "sample_rate": rate}
+    )  # fmt: skip
+    out = speech_formats.Output(event.response_format, 1.0, rate)
+    utterance.task = asyncio.create_task(_speak(service, gen, ticket, utterance, out, send))
     return utterance
 
 
 async def _speak(
-    service: WorkerService, gen: GenerationRequest, ticket: Ticket, u: _Utterance, send: Send
+    service: WorkerService,
+    gen: GenerationRequest,
+    ticket: Ticket,
+    utterance: _Utterance,
+    out: speech_formats.Output,
+    send: Send,
 ) -> None:
-    utterance = u
+    async def delta(data: bytes) -> None:
+        if data:
+            audio = base64.b64encode(data).decode()
+            await send({"type": "speech.audio.delta", "id": utterance.id, "audio": audio})
+
     try:
         finished = None
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk):
                     ticket.audio()
-                    data = base64.b64encode(event.pcm16).decode()
-                    await send({"type": "speech.audio.delta", "id": utterance.id, "audio": data})
+                    await delta(out.feed(event.pcm16))
                 elif isinstance(event, Finished):
                     finished = event
+        await delta(out.close())
         usage: dict[str, Any] = {
             "input_tokens": finished.prompt_tokens if finished else 0,
             "output_frames": finished.completion_tokens if finished else 0,

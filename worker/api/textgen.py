@@ -24,6 +24,20 @@ def bad(message: str, param: str) -> OmniError:
     return OmniError(400, ErrorCode.INVALID_REQUEST, message, param)
 
 
+def refuse_unserved(body: TextGeneration) -> None:
+    """Fields of OpenAI's that this worker does not serve, refused (400) rather than dropped."""
+    if body.store:
+        raise bad("store: true is not served (this worker keeps no completions)", "store")
+    if body.metadata is not None:
+        raise bad(
+            "metadata is kept only with a stored completion (store), which this worker does "
+            "not keep",
+            "metadata",
+        )
+    if body.stream_options is not None and not body.stream:
+        raise bad("stream_options needs stream: true", "stream_options")
+
+
 def sampling_of(request: Request, body: TextGeneration) -> Sampling:
     """How the thinker picks tokens: every sampling field of the body (a sampled request
     without a seed gets one derived from the router's request id: worker.api.replay)."""

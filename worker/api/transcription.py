@@ -1,4 +1,5 @@
-"""POST /v1/audio/transcriptions: a multipart audio file to text.
+"""POST /v1/audio/transcriptions: a multipart audio file to text; POST /v1/audio/translations:
+to English text (the families that translate: Qwen3-Omni's thinker, asked in words).
 
 ``response_format``: json, text, verbose_json (language, duration, segments), srt, vtt;
 ``stream=true``: server-sent events as OpenAI sends them (``transcript.text.delta`` events, then
@@ -16,7 +17,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
@@ -30,9 +31,9 @@ from worker.api.common import (
     until_disconnect,
 )
 from worker.api.errors import from_pydantic, stage_error
-from worker.api.generation import collect, events
+from worker.api.generation import Collected, collect, events
 from worker.api.replay import default_seed, reply_id
-from worker.api.schemas import TranscriptionForm
+from worker.api.schemas import TranscriptionForm, TranslationForm
 from worker.engine import (
     AUDIO_INPUT_RATE,
     Finished,
@@ -42,17 +43,17 @@ from worker.engine import (
     TextDelta,
 )
 from worker.models.qwen3_asr.processor import merge_languages
+from worker.service import WorkerService
 from worker.stages.request import TranscriptionOptions
 from worker.stages.sampling import Sampling
 
 router = APIRouter()
 
 
-@router.post("/v1/audio/transcriptions")
-async def transcriptions(request: Request) -> Response:
-    service = service_of(request)
-    form = await read_form(request)
-    upload = form.get("file")
+def _form(
+    form: FormData, model: type[TranslationForm]
+) -> tuple[TranslationForm, UploadFile | None, list[str]]:
+    """The form's fields as ``model``, its file, and its timestamp granularities."""
     granularities = [
         v for k, v in form.multi_items() if k in _GRANULARITY_FIELDS and isinstance(v, str)
     ]
@@ -61,15 +62,18 @@ async def transcriptions(request: Request) -> Response:
         for k, v in form.multi_items()
         if k != "file" and k not in _GRANULARITY_FIELDS and isinstance(v, str)
     }
+    if granularities and model is TranslationForm:
+        fields["timestamp_granularities"] = granularities[0]  # (refused: not a field of it)
     try:
-        body = TranscriptionForm.model_validate(fields)
+        body = model.model_validate(fields)
     except ValidationError as exc:
         raise from_pydantic(exc) from exc
-    model = service.check_model(body.model)
-    if Endpoint.TRANSCRIPTION not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not transcribe")
-    words = _check_granularities(service, body, granularities)
-    if not isinstance(upload, UploadFile):
+    upload = form.get("file")
+    return body, upload if isinstance(upload, UploadFile) else None, granularities
+
+
+async def _clip(service: WorkerService, upload: UploadFile | None) -> np.ndarray:
+    if upload is None:
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "field 'file' (audio) is required", "file")
     data = await upload.read()
     clip = await audio.decode_audio_async(
@@ -77,20 +81,67 @@ async def transcriptions(request: Request) -> Response:
     )
     if clip.size == 0 or not np.isfinite(clip).all():
         raise OmniError(400, ErrorCode.INVALID_AUDIO, "audio has no samples", "file")
-    timed = service.family is not None and service.family.timed_transcripts
-    session = session_of(request)
-    ticket = service.admit(session, RequestKind.TRANSCRIPTION)
-    gen = GenerationRequest(
-        request_id=reply_id(request, "transcription"),
+    return clip
+
+
+def _generation(
+    request: Request, clip: np.ndarray, body: TranslationForm, options: TranscriptionOptions
+) -> GenerationRequest:
+    task = "translation" if options.translate else "transcription"
+    return GenerationRequest(
+        request_id=reply_id(request, task),
         kind=RequestKind.TRANSCRIPTION,
         audio=clip,
-        transcription=TranscriptionOptions(
-            language=body.language or None, prompt=body.prompt or None, timestamps=words
-        ),
-        session_id=session,
+        transcription=options,
+        session_id=session_of(request),
         # (0 or unset: greedy)
         sampling=Sampling(temperature=body.temperature, seed=default_seed(request, None)),
     )
+
+
+@router.post("/v1/audio/translations")
+async def translations(request: Request) -> Response:
+    service = service_of(request)
+    body, upload, _ = _form(await read_form(request), TranslationForm)
+    model = service.check_model(body.model)
+    family = service.family
+    if Endpoint.TRANSLATION not in service.capabilities.endpoints or not (
+        family is not None and family.translates
+    ):
+        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not translate")
+    clip = await _clip(service, upload)
+    options = TranscriptionOptions(prompt=body.prompt or None, translate=True)
+    gen = _generation(request, clip, body, options)
+    ticket = service.admit(gen.session_id, RequestKind.TRANSCRIPTION)
+    try:
+        result = await until_disconnect(request, collect(service, gen, ticket))
+    finally:
+        ticket.release()
+    if result is None:
+        return closed_response()
+    text = "".join(result.text)
+    duration = clip.size / AUDIO_INPUT_RATE
+    segments = [(0.0, duration, text)] if text else []
+    return _answer(body.response_format, "translate", text, "english", duration, segments, result)
+
+
+@router.post("/v1/audio/transcriptions")
+async def transcriptions(request: Request) -> Response:
+    service = service_of(request)
+    form, upload, granularities = _form(await read_form(request), TranscriptionForm)
+    assert isinstance(form, TranscriptionForm)
+    body = form
+    model = service.check_model(body.model)
+    if Endpoint.TRANSCRIPTION not in service.capabilities.endpoints:
+        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not transcribe")
+    words = _check_granularities(service, body, granularities)
+    clip = await _clip(service, upload)
+    timed = service.family is not None and service.family.timed_transcripts
+    options = TranscriptionOptions(
+        language=body.language or None, prompt=body.prompt or None, timestamps=words
+    )
+    gen = _generation(request, clip, body, options)
+    ticket = service.admit(gen.session_id, RequestKind.TRANSCRIPTION)
     duration = clip.size / AUDIO_INPUT_RATE
     if body.stream:
         return StreamingResponse(
@@ -105,6 +156,7 @@ async def transcriptions(request: Request) -> Response:
         return closed_response()
     texts = result.text
     text = "".join(texts)
+    segments: list[tuple[float, float, str]] | None
     if timed:  # each clip's text is one delta, after its ClipStart
         language = merge_languages([c.language for c in result.clips])
         pairs = zip(result.clips, texts, strict=True)
@@ -112,22 +164,45 @@ async def transcriptions(request: Request) -> Response:
     else:
         language = body.language or ""
         segments = [(0.0, duration, text)] if text else []
-    language = language or "unknown"
-    fmt = body.response_format
+    if "segment" not in granularities and granularities:
+        segments = None  # (word timestamps only, as asked)
+    return _answer(
+        body.response_format,
+        "transcribe",
+        text,
+        language or "unknown",
+        duration,
+        segments,
+        result,
+        result.words if words else None,
+    )
+
+
+def _answer(
+    fmt: str,
+    task: str,
+    text: str,
+    language: str,
+    duration: float,
+    segments: list[tuple[float, float, str]] | None,
+    result: Collected,
+    words: list[tuple[str, float, float]] | None = None,
+) -> Response:
+    """A whole transcription or translation in ``response_format``."""
     if fmt == "text":
         return PlainTextResponse(text)
     if fmt in ("srt", "vtt"):
-        return PlainTextResponse(_subtitles(segments, fmt), media_type=_SUBTITLE_TYPES[fmt])
+        return PlainTextResponse(_subtitles(segments or [], fmt), media_type=_SUBTITLE_TYPES[fmt])
     payload: dict = {"text": text}
     if fmt == "verbose_json":
-        payload |= {"task": "transcribe", "language": language, "duration": round(duration, 3)}
-        if "segment" in granularities or not granularities:
+        payload |= {"task": task, "language": language, "duration": round(duration, 3)}
+        if segments is not None:
             payload["segments"] = [
                 {"id": i, "start": round(a, 3), "end": round(b, 3), "text": t}
                 for i, (a, b, t) in enumerate(segments)
             ]
-        if words:
-            payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in result.words]
+        if words is not None:
+            payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in words]
     if result.finished is not None:
         payload["usage"] = {
             "type": "tokens",

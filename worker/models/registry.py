@@ -35,9 +35,12 @@ class Family:
     # transcription: timed clips with the language the model wrote (segments), and word
     # timestamps where the spec has an aligner stage
     timed_transcripts: bool = False
+    # translation: audio in any language to English text (Qwen3-Omni's thinker does it when
+    # asked in words; Qwen3-ASR writes what it hears)
+    translates: bool = False
 
 
-QWEN3_OMNI = Family("Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor)
+QWEN3_OMNI = Family("Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor, translates=True)
 QWEN3_TTS = Family(
     "Qwen3-TTS",
     qwen3_tts.MODEL_TYPE,

@@ -28,6 +28,7 @@ class TranscriptionOptions:
     language: str | None = None  # None: detected
     prompt: str | None = None  # context the decoder reads before the audio
     timestamps: bool = False  # word timestamps from the forced aligner
+    translate: bool = False  # /v1/audio/translations: English text, whatever the audio's language
 
 
 @dataclass(slots=True)

@@ -43,6 +43,8 @@ class SessionConfig(BaseModel):
     output_format: str = PCM
     max_output_tokens: int | None = None
     temperature: float | None = None  # None or 0: greedy
+    top_p: float | None = None
+    seed: int | None = None  # None: each response draws its own
 
     @property
     def wants_audio(self) -> bool:
@@ -113,8 +115,9 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
             changes[field] = name
     if update.instructions is not None:
         changes["instructions"] = update.instructions
-    if update.temperature is not None:
-        changes["temperature"] = update.temperature
+    for name in ("temperature", "top_p", "seed"):
+        if getattr(update, name) is not None:
+            changes[name] = getattr(update, name)
     chosen = modalities(update.output_modalities or update.modalities)
     if chosen is not None:
         changes["output_modalities"] = chosen
@@ -156,6 +159,8 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "input_audio_transcription": config.transcription,
             "max_response_output_tokens": limit,
             "temperature": config.temperature,
+            "top_p": config.top_p,
+            "seed": config.seed,
         }
     return {
         **common,
@@ -172,4 +177,6 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
         },
         "max_output_tokens": limit,
         "temperature": config.temperature,
+        "top_p": config.top_p,
+        "seed": config.seed,
     }

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from worker.api.errors import validation_error
 from worker.api.realtime.errors import Code, RealtimeError
@@ -16,9 +16,28 @@ MAX_ID_CHARS = 64
 
 
 class _Model(BaseModel):
-    # Fields OpenAI defines that this server does not use (tools, tracing, noise reduction...)
-    # are accepted and ignored, as a client written for OpenAI sends them.
-    model_config = ConfigDict(extra="ignore")
+    # A field this server does not know is refused (an error event naming it), not dropped.
+    model_config = ConfigDict(extra="forbid")
+
+
+def _unserved(*neutral: Any) -> AfterValidator:
+    """A field OpenAI defines that this server does not serve: a client written for OpenAI may
+    send it at a neutral value (empty, null, the default), which asks nothing of the server;
+    any other value is refused, naming the field, rather than dropped."""
+
+    def check(value: Any) -> Any:
+        if value not in neutral:
+            raise ValueError(f"{value!r} is not served by this server")
+        return value
+
+    return AfterValidator(check)
+
+
+# OpenAI's function calling, tracing, included extras and stored prompts: not served on
+# realtime (yet); their neutral values, as OpenAI's SDKs send them by default
+Tools = Annotated[list | None, _unserved(None, [])]
+ToolChoice = Annotated[str | dict | None, _unserved(None, "auto", "none")]
+Unset = Annotated[Any, _unserved(None)]
 
 
 class ClientEvent(_Model):
@@ -42,6 +61,7 @@ class TurnDetectionIn(_Model):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    idle_timeout_ms: Unset = None
 
 
 class VoiceId(_Model):
@@ -58,11 +78,13 @@ class AudioInputIn(_Model):
     format: AudioFormatIn | None = None
     turn_detection: TurnDetectionIn | None = None
     transcription: TranscriptionIn | None = None
+    noise_reduction: Unset = None
 
 
 class AudioOutputIn(_Model):
     format: AudioFormatIn | None = None
     voice: str | VoiceId | None = None
+    speed: Annotated[float | None, _unserved(None, 1.0)] = None
 
 
 class AudioIn(_Model):
@@ -76,12 +98,22 @@ BetaAudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 
 class SessionIn(_Model):
     type: Literal["realtime", "transcription"] | None = None
+    model: str | None = None  # (checked against the served model's names)
     instructions: str | None = None
     output_modalities: list[Modality] | None = Field(None, min_length=1)
     audio: AudioIn | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     # sampling of the replies (0 or unset: greedy, as chat); the beta API's session field
     temperature: float | None = Field(None, ge=0, le=2)
+    # this server's extensions, as on chat: nucleus sampling and a seed for the replies
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    tools: Tools = None
+    tool_choice: ToolChoice = None
+    tracing: Unset = None
+    include: Annotated[list | None, _unserved(None, [])] = None
+    prompt: Unset = None
+    truncation: Annotated[Any, _unserved(None, "auto")] = None  # (auto: as this server does)
     # beta spellings
     modalities: list[Modality] | None = Field(None, min_length=1)
     voice: str | None = None
@@ -90,6 +122,8 @@ class SessionIn(_Model):
     turn_detection: TurnDetectionIn | None = None
     input_audio_transcription: TranscriptionIn | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
+    input_audio_noise_reduction: Unset = None
+    speed: Annotated[float | None, _unserved(None, 1.0)] = None
 
 
 class SessionUpdate(ClientEvent):
@@ -152,9 +186,14 @@ class ResponseIn(_Model):
     max_output_tokens: int | Literal["inf"] | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
-    conversation: str | None = None  # "auto" (default) or "none": out of band
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    conversation: Literal["auto", "none"] | None = None  # none: out of band
     input: list[ItemIn] | None = None
-    metadata: dict | None = None
+    metadata: dict | None = None  # (echoed on the response, as OpenAI's)
+    tools: Tools = None
+    tool_choice: ToolChoice = None
+    prompt: Unset = None
 
 
 class ResponseCreate(ClientEvent):

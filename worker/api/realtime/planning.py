@@ -87,6 +87,7 @@ async def plan_response(
     limit = cfg.max_tokens(given.max_output_tokens or given.max_response_output_tokens)
     limit = limit or c.max_output_tokens
     temperature = c.temperature if given.temperature is None else given.temperature
+    top_p = c.top_p if given.top_p is None else given.top_p
     plan = ResponsePlan(
         request=GenerationRequest(request_id="", kind=RequestKind.CHAT),
         modalities=modalities,
@@ -96,8 +97,10 @@ async def plan_response(
         metadata=given.metadata,
         output_format=c.output_format,
     )
-    # a random seed: a response re-run after a worker's death is sent whole again
-    seed = secrets.randbits(31)
+    # the response's or the session's seed, else a random one (a response re-run after a
+    # worker's death is sent whole again)
+    seed = next((s for s in (given.seed, c.seed) if s is not None), None)
+    seed = secrets.randbits(31) if seed is None else seed
     if speaks_only(service):
         text = _unspoken_text([*history.items, *extra])
         if text_in is not None:
@@ -120,7 +123,7 @@ async def plan_response(
             raise RealtimeError.from_omni(exc) from exc
         plan.request.max_tokens = limit
         # the talker's temperature (unset: its checkpoint's sampling; 0: greedy)
-        plan.request.speech_sampling = Sampling(temperature=temperature, seed=seed)
+        plan.request.speech_sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
         plan.modalities, plan.spoken, plan.text_in = ["audio"], text, text_in
         return plan
     plan.request = GenerationRequest(
@@ -131,7 +134,7 @@ async def plan_response(
         voice=voice,
         voice_audio=voice_audio,
         max_tokens=limit,
-        sampling=Sampling(temperature=temperature, seed=seed) if temperature else None,
+        sampling=Sampling(temperature=temperature, top_p=top_p, seed=seed) if temperature else None,
         # the talker samples as its checkpoint says, seeded; temperature 0: greedy too
         speech_sampling=Sampling(temperature=0.0 if temperature == 0 else None, seed=seed),
     )

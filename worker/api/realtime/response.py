@@ -252,8 +252,8 @@ class Response:
         except RealtimeError as exc:
             self.status, self.error = "failed", exc
         except StageFailed as exc:
-            status, code, message = stage_error(exc)
-            self.status, self.error = "failed", RealtimeError(code, message, None, status)
+            status, code, message, param = stage_error(exc)
+            self.status, self.error = "failed", RealtimeError(code, message, param, status)
         except BaseException:
             if ticket is not None:
                 ticket.release()

@@ -181,6 +181,11 @@ class RealtimeSession:
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
         check_text(event.session.instructions or "", self.max_text_bytes, "session.instructions")
+        if event.session.model is not None:
+            try:
+                self.service.check_model(event.session.model)
+            except OmniError as exc:
+                raise RealtimeError.from_omni(exc) from exc
         new, voice = cfg.apply(self.config, event.session)
         if voice is not None and voice != self.config.voice:
             try:

@@ -36,8 +36,8 @@ async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> No
             )
             result = await collect(service, request, ticket)
         except StageFailed as exc:
-            status, code, message = stage_error(exc)
-            raise RealtimeError(code, message, None, status) from exc
+            status, code, message, param = stage_error(exc)
+            raise RealtimeError(code, message, param, status) from exc
         finally:
             ticket.release()
     except RealtimeError as exc:

@@ -134,6 +134,8 @@ class SGLangEngine:
         self.on_forward = on_forward
         self.incoming: list[Any] = []
         self.live: set[str] = set()
+        # requests refused by SGLang's own check of their sampling values, for the next step
+        self.refused: list[EngineEvent] = []
         # requests that sit out the coming steps (a talker waiting for its next input); they
         # keep their KV, outside the scheduler's running batch
         self.held: set[str] = set()
@@ -167,7 +169,12 @@ class SGLangEngine:
 
     # ---- the engine interface ---------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
-        self.incoming.append(self._tokenized(request))
+        try:
+            tokenized = self._tokenized(request)
+        except ValueError as exc:  # SamplingParams.verify: a value the model cannot take
+            self.refused.append(EngineEvent(request.rid, finish="abort", error=str(exc)))
+            return
+        self.incoming.append(tokenized)
         self.live.add(request.rid)
 
     def abort(self, rid: str) -> None:
@@ -189,7 +196,7 @@ class SGLangEngine:
 
     def has_work(self) -> bool:
         return (
-            bool(self.incoming)
+            bool(self.incoming or self.refused)
             or not self.scheduler.is_fully_idle()
             or any(r.rid not in self.held for r in self._parked_reqs())
         )
@@ -322,7 +329,7 @@ class SGLangEngine:
         )
 
     def _events(self) -> list[EngineEvent]:
-        events: list[EngineEvent] = []
+        events, self.refused = self.refused, []
         for out in self.outputs:
             if isinstance(out, self.io.AbortReq):  # refused before it ran (too long, ...)
                 if out.rid in self.live:

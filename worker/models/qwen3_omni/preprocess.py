@@ -19,6 +19,7 @@ from worker.stages.preprocess import completion_ids
 from worker.stages.request import RequestInput, TranscriptionOptions
 
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
+TRANSLATE_INSTRUCTION = "Translate the audio into English text."
 
 
 class OmniPreprocess(RequestPreprocessor[RequestInput]):
@@ -56,7 +57,7 @@ class OmniPreprocess(RequestPreprocessor[RequestInput]):
             if req.audio is None:
                 raise ValueError("transcription request without audio")
             opts = req.transcription or TranscriptionOptions()
-            instruction = TRANSCRIBE_INSTRUCTION
+            instruction = TRANSLATE_INSTRUCTION if opts.translate else TRANSCRIBE_INSTRUCTION
             if opts.language:
                 instruction += f" The audio is in {opts.language}."
             content = [{"type": "audio", "audio": req.audio}, {"type": "text", "text": instruction}]
