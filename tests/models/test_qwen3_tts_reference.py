@@ -34,6 +34,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 MAX_NEW = 10  # talker steps: 9 frames (the last first code never gets its frame)
 CV = ["tiny-qwen3-tts-custom-voice", "tiny-qwen3-tts-custom-voice-wide"]
 BASE = ["tiny-qwen3-tts-base", "tiny-qwen3-tts-base-wide"]
+VD = "tiny-qwen3-tts-voice-design"
+VD_REQUESTS = [
+    {"text": "Hello there, world.", "instruct": "A deep, calm voice.", "language": "English"},
+    {"text": "Streaming text input.", "instruct": "Bright and quick.", "language": "Auto",
+     "non_streaming_mode": False},
+]  # fmt: skip
 CV_REQUESTS = [
     {"text": "Hello there, world.", "speaker": "vivian", "language": "English"},
     # a dialect speaker with language auto; the instruction (the 0.6B drops it, as the package)
@@ -57,13 +63,14 @@ CLONE_REQUESTS = [
 @pytest.fixture(scope="module")
 def official(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("qwen3-tts-official")
-    checkpoints = ref.official_checkpoints(CV + BASE, tmp)
+    checkpoints = ref.official_checkpoints([*CV, *BASE, VD], tmp)
     _, stored = ref.reference_audio()
     np.save(tmp / "ref.npy", stored)
     runs = {name: [dict(r, max_new_tokens=MAX_NEW) for r in CV_REQUESTS] for name in CV}
     runs[CV[1]].append(LONG_REQUEST)  # result index len(CV_REQUESTS)
     clone = {"ref_audio": str(tmp / "ref.npy"), "ref_sr": 24_000, "max_new_tokens": MAX_NEW}
     runs |= {name: [dict(r, **clone) for r in CLONE_REQUESTS] for name in BASE}
+    runs[VD] = [dict(r, design=True, max_new_tokens=MAX_NEW) for r in VD_REQUESTS]
     results = ref.official_generate(runs, checkpoints, tmp)
     return {"checkpoints": checkpoints, "results": results, "stored": stored, "tmp": tmp}
 
@@ -127,6 +134,69 @@ def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dic
             np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
             wav = st.decode(c).numpy()
             np.testing.assert_allclose(wav, res[f"{i}.wav"], atol=1e-5, err_msg=f"request {i}")
+
+
+def test_voice_design_codes_and_waveform_equal_official(official: dict) -> None:
+    """VoiceDesign (generate_voice_design): no speaker, the voice described by the instruct."""
+    from worker.models.qwen3_tts.talker_sglang import generate
+
+    res = official["results"][VD]
+    batch = [
+        {
+            "text": r["text"],
+            "language": r["language"],
+            "instruct": r["instruct"],
+            "non_streaming": r.get("non_streaming_mode", True),
+        }
+        for r in VD_REQUESTS
+    ]
+    spec = "tiny-qwen3-tts-voice-design"
+    with _ours(official["checkpoints"][VD], spec) as (_, engine, builder, st, greedy):
+        codes = generate(engine, builder, batch, MAX_NEW, greedy)
+        for i, c in enumerate(codes):
+            np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
+            wav = st.decode(c).numpy()
+            np.testing.assert_allclose(wav, res[f"{i}.wav"], atol=1e-5, err_msg=f"request {i}")
+
+
+def test_voice_design_through_a_router_equals_official(official: dict, redis_url: str) -> None:
+    """The VoiceDesign worker behind a real router, with the SDK: the voice is "designed", the
+    description is ``instructions``; the router sends the model's requests only to the worker
+    that serves it, and a speaker's name is refused."""
+    import openai
+
+    from tests.fakes.procs import Router, wait_for
+
+    tmp = official["tmp"]
+    spec = ref.spec_for(VD, official["checkpoints"][VD], tmp, MAX_NEW)
+    fleet = "voice-design"
+    worker = WorkerProcess(
+        "--spec", str(spec), "--gpus", "cpu", "--cache-dir", str(tmp), "--fleet", fleet,
+        redis_url=redis_url,
+    )  # fmt: skip
+    router = None
+    try:
+        router = Router("--fleet", fleet, "--redis-url", redis_url)
+        worker.wait_ready(timeout=300)
+        wait_for(lambda: router.ready()["routable_workers"] == 1, timeout=30)
+        sdk = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+        model = sdk.models.retrieve(VD).model_dump()
+        assert model["voices"] == ["designed"], model
+        r = VD_REQUESTS[0]
+        pcm = sdk.audio.speech.create(
+            model=VD, input=r["text"], voice="designed", instructions=r["instruct"],
+            response_format="pcm", extra_body={"temperature": 0, "language": r["language"]},
+        ).content  # fmt: skip
+        ref.assert_same_speech(
+            np.frombuffer(pcm, dtype="<i2"), official["results"][VD]["0.wav"], "voice design"
+        )
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.speech.create(model=VD, input="x", voice="vivian")
+        assert err.value.code == "voice_not_found"
+    finally:
+        if router is not None:
+            router.stop()
+        worker.stop()
 
 
 @pytest.mark.parametrize("name", BASE)

@@ -42,6 +42,7 @@ from worker.engine import (
     WordTimings,
     outputs_of,
 )
+from worker.models import qwen3_tts
 from worker.runtime import messages as m
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
@@ -641,6 +642,8 @@ def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
         talker = cfg.get("talker_config") or {}
         # Qwen3-TTS CustomVoice names them ``spk_id``
         speakers = cfg.get("speaker_id") or talker.get("speaker_id") or talker.get("spk_id")
+        if cfg.get("tts_model_type") == qwen3_tts.VOICE_DESIGN:
+            speakers = [qwen3_tts.DESIGNED_VOICE]
         for name in speakers or {}:
             if name not in names:
                 names.append(name)

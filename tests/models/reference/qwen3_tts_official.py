@@ -6,7 +6,8 @@
         root, Qwen3TTSTokenizerV2Model (Mimi encoder + 12 Hz decoder) under speech_tokenizer/,
         the Qwen2 tokenizer + Qwen3TTSProcessor files and generation_config.json.
     python qwen3_tts_official.py generate CHECKPOINT REQUESTS.json OUT.npz
-        greedy generation through Qwen3TTSModel (generate_custom_voice / generate_voice_clone):
+        greedy generation through Qwen3TTSModel (generate_custom_voice, generate_voice_design /
+        generate_voice_clone):
         per request the talker codes, the waveform and (cloning) the reference codes and the
         speaker embedding.
 
@@ -164,6 +165,15 @@ def generate(checkpoint: Path, requests_path: Path, out: Path) -> None:
                 language=req.get("language", "Auto"),
                 voice_clone_prompt=items,
                 non_streaming_mode=bool(req.get("non_streaming_mode", False)),
+                **common,
+            )
+        elif req.get("design"):
+            codes = _capture_codes(tts)
+            wavs, sr = tts.generate_voice_design(
+                text=req["text"],
+                instruct=req["instruct"],
+                language=req.get("language", "Auto"),
+                non_streaming_mode=bool(req.get("non_streaming_mode", True)),
                 **common,
             )
         else:

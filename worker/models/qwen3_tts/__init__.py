@@ -1,4 +1,6 @@
-"""Qwen3-TTS-12Hz (``model_type: qwen3_tts``): CustomVoice and Base, written for omni-fleet.
+"""Qwen3-TTS-12Hz (``model_type: qwen3_tts``): CustomVoice, VoiceDesign and Base, written for
+omni-fleet. (``tts_model_type`` in config.json: CustomVoice speaks built-in speakers, VoiceDesign
+the voice its instructions describe, Base clones uploaded voices.)
 
 ``modeling`` holds the talker, its code predictor and the speaker encoder; ``codec`` the 12 Hz
 speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt and the
@@ -12,6 +14,11 @@ from worker.stages.base import StageContext, StageExecutor
 
 MODEL_TYPE = "qwen3_tts"
 VOICE_RATE = 24_000  # Hz: the rate at which a cloned voice's reference audio reaches the stages
+VOICE_DESIGN = "voice_design"  # tts_model_type of a VoiceDesign checkpoint
+# A VoiceDesign checkpoint's one voice: the one its request's instructions describe (the package's
+# generate_voice_design passes no speaker), listed as a built-in voice so that a client that
+# must name a voice (OpenAI's SDK) can
+DESIGNED_VOICE = "designed"
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.qwen3_tts import VOICE_RATE
+from worker.models.qwen3_tts import DESIGNED_VOICE, VOICE_DESIGN, VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
 from worker.models.stage_weights import torch_dtype
 from worker.stages.base import (
@@ -97,6 +97,13 @@ class TTSPreprocess(RequestPreprocessor[RequestInput]):
         spk = {k.lower() for k in (self.tc.get("spk_id") or {})}
         voice = (req.voice or "").lower()
         if wav is None:
+            if self.config.get("tts_model_type") == VOICE_DESIGN:
+                if voice != DESIGNED_VOICE:
+                    raise ValueError(
+                        f"unknown voice {req.voice!r}: this VoiceDesign model speaks in the "
+                        f"voice its instructions describe; name it {DESIGNED_VOICE!r}"
+                    )
+                return out  # no speaker: the instructions design the voice
             if self.config.get("tts_model_type") == "base":
                 raise ValueError(
                     "this Base checkpoint has no built-in voices: upload a reference voice "
@@ -189,6 +196,8 @@ class TTSEngineExecutor(StageExecutor):
         payload: dict[str, Any] = {"text": "hi", "language": "auto"}
         if speakers:
             payload["speaker"] = speakers[0]
+        elif self.builder.cfg.get("tts_model_type") == VOICE_DESIGN:
+            payload["instruct"] = "A calm voice."
         else:
             payload["ref_wav"] = np.sin(np.arange(4800, dtype=np.float32) / 7.0) * 0.1
         self.start(
