@@ -100,7 +100,7 @@ def test_text_in_text_and_audio_out(omni_fleet: Fleet) -> None:
 
 def test_seed_and_top_p_are_honoured_and_unserved_fields_refused(omni_fleet: Fleet) -> None:
     """A response's (or the session's) seed gives the same draw again, a tiny top_p keeps the
-    likeliest token (the greedy reply); OpenAI's fields this server does not serve (tools,
+    likeliest token (the greedy reply); OpenAI's fields this server does not serve (tracing,
     speed) are error events naming them, at their neutral values they pass, and an unknown
     field is refused, not dropped. The session goes on after each."""
     ask = {"type": "message", "role": "user",
@@ -138,9 +138,8 @@ def test_seed_and_top_p_are_honoured_and_unserved_fields_refused(omni_fleet: Fle
             assert await reply() == drawn  # the session's seed
             neutral = await update({"tools": [], "tool_choice": "auto", "tracing": None})
             assert neutral.type == "session.updated", neutral
-            tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
             for session, param in (
-                ({"tools": [tool]}, "session.tools"),
+                ({"tracing": "auto"}, "session.tracing"),
                 ({"audio": {"output": {"speed": 1.25}}}, "session.audio.output.speed"),
                 ({"modality": ["text"]}, "session.modality"),
             ):
@@ -150,6 +149,72 @@ def test_seed_and_top_p_are_honoured_and_unserved_fields_refused(omni_fleet: Fle
             assert await reply() == drawn  # the session goes on, its settings unchanged
 
     asyncio.run(run())
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_function_calling(omni_fleet: Fleet) -> None:
+    """The GA protocol's function calling through the router: a forced call (tool_choice
+    required: held to the schema by the grammar) is the response's one ``function_call`` item,
+    its arguments in ``response.function_call_arguments.delta`` / ``.done``; the client's
+    ``function_call_output`` item continues the conversation, and the next reply reads the call
+    and its output (its prompt grows by both). Audio output with tools is refused, naming it."""
+
+    async def run() -> None:
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+            await conn.session.update(
+                session={"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER],
+                         "tool_choice": "required", "max_output_tokens": 128}
+            )  # fmt: skip
+            updated = await conn.recv()
+            assert updated.type == "session.updated", updated
+            assert updated.session.tools[0].name == "get_weather"
+            await add_user_text(conn, "What is the weather in Oslo?")
+            await conn.response.create()
+            called = await read_response(conn)
+            assert called.status == "completed", called.events
+            (item,) = called.output
+            assert item.type == "function_call" and item.name == "get_weather", item
+            arguments = orjson.loads(item.arguments)
+            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+            assert called.events.index("response.function_call_arguments.delta") < (
+                called.events.index("response.function_call_arguments.done")
+            )
+            assert "response.output_text.delta" not in called.events
+            await conn.conversation.item.create(
+                item={"type": "function_call_output", "call_id": item.call_id,
+                      "output": '{"celsius": 21}'}
+            )  # fmt: skip
+            added = await conn.recv()
+            assert added.type == "conversation.item.added", added
+            assert added.item.type == "function_call_output"
+            answered = await read_response_of(conn, {"tool_choice": "none"})
+            assert answered.status in FINISHED and answered.output[0].type == "message"
+            assert answered.usage.input_tokens > called.usage.input_tokens + 10
+            await conn.send_raw(orjson.dumps({"type": "response.create", "response": {
+                "output_modalities": ["audio"], "tool_choice": "auto"}}).decode())  # fmt: skip
+            error = await conn.recv()
+            assert error.type == "error", error
+            assert error.error.param == "response.output_modalities", error
+
+    asyncio.run(run())
+
+
+async def read_response_of(conn, response: dict):
+    await conn.response.create(response=response)
+    return await read_response(conn)
 
 
 def test_audio_in_with_server_vad(omni_fleet: Fleet) -> None:

@@ -140,3 +140,43 @@ async def test_g711_in_and_out(fake_worker: Running) -> None:
     assert len(clip) == pytest.approx(8000, abs=2)
     # the fake engine answers in 0.1 s chunks of 24 kHz: 800 bytes of A-law each
     assert len(reply.audio) == 3 * 800
+
+
+def test_function_calls_and_their_outputs_become_the_templates_tool_turns() -> None:
+    """A reply's text and the calls after it are one assistant turn with ``tool_calls``; a
+    call's output is a ``tool`` turn naming it; a client's item of one kind with another kind's
+    fields is refused naming the field."""
+    import asyncio
+
+    from worker.api.realtime.conversation import Conversation, item_from_client, message_item
+    from worker.api.realtime.errors import RealtimeError
+    from worker.api.realtime.events import ItemIn
+
+    conv = Conversation(None, "c", 16)
+    user = message_item("user", [{"type": "input_text", "text": "Weather in Oslo?"}])
+    said = message_item("assistant", [{"type": "output_text", "text": "Let me look."}])
+    call = ItemIn(type="function_call", call_id="call_1", name="get_weather", arguments="{}")
+    output = ItemIn(type="function_call_output", call_id="call_1", output='{"celsius": 21}')
+    for item in (
+        user,
+        said,
+        item_from_client(call, 1000, 1000),
+        item_from_client(output, 1000, 1000),
+    ):
+        asyncio.run(conv.add(item))
+    assert conv.messages("Be brief.") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+    ]  # fmt: skip
+    for bad, param in (
+        (ItemIn(type="function_call_output", call_id="c", output="x", role="user"), "item.role"),
+        (ItemIn(type="function_call", call_id="c", name="f"), "item.arguments"),
+        (ItemIn(type="message", role="user", call_id="c"), "item.content"),
+    ):
+        with pytest.raises(RealtimeError) as err:
+            item_from_client(bad, 1000, 1000)
+        assert err.value.param == param, (bad, err.value)

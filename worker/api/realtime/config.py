@@ -45,6 +45,9 @@ class SessionConfig(BaseModel):
     temperature: float | None = None  # None or 0: greedy
     top_p: float | None = None
     seed: int | None = None  # None: each response draws its own
+    # function calling: the GA tools ({type, name, description, parameters}) and the choice
+    tools: list[dict] = Field(default_factory=list)
+    tool_choice: str | dict = "auto"
 
     @property
     def wants_audio(self) -> bool:
@@ -118,6 +121,11 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
     for name in ("temperature", "top_p", "seed"):
         if getattr(update, name) is not None:
             changes[name] = getattr(update, name)
+    if update.tools is not None:
+        changes["tools"] = [t.model_dump(exclude_none=True) for t in update.tools]
+    if update.tool_choice is not None:
+        choice = update.tool_choice
+        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
     chosen = modalities(update.output_modalities or update.modalities)
     if chosen is not None:
         changes["output_modalities"] = chosen
@@ -161,6 +169,8 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
             "temperature": config.temperature,
             "top_p": config.top_p,
             "seed": config.seed,
+            "tools": config.tools,
+            "tool_choice": config.tool_choice,
         }
     return {
         **common,
@@ -179,4 +189,6 @@ def session_view(config: SessionConfig, session_id: str, model: str, beta: bool)
         "temperature": config.temperature,
         "top_p": config.top_p,
         "seed": config.seed,
+        "tools": config.tools,
+        "tool_choice": config.tool_choice,
     }

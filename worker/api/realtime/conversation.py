@@ -1,5 +1,7 @@
 """A session's conversation: OpenAI-shaped items in order, bounded, mirrored to Redis
-(``fleet.conversations``) at every change, and turned into the engine's chat messages.
+(``fleet.conversations``) at every change, and turned into the engine's chat messages: messages,
+and the function calls the model made with the results the client gave back (``function_call``,
+``function_call_output``: the chat template's assistant ``tool_calls`` and ``tool`` turns).
 
 Items keep what the model needs again: user audio as the client sent it (base64 PCM16 24 kHz),
 assistant turns as their text or transcript. Events show items without their audio bytes;
@@ -48,10 +50,25 @@ def message_item(role: str, content: list[dict], item_id: str | None = None, sta
     }
 
 
+def function_call_item(call_id: str, name: str, arguments: str, item_id: str | None = None):
+    return {
+        "id": item_id or new_id("item"),
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
 def public(item: dict) -> dict:
     """The item as events show it: no audio bytes, no internal fields."""
+    shown = {k: v for k, v in item.items() if not k.startswith("_")}
+    if item.get("type", "message") != "message":
+        return shown
     content = [{k: v for k, v in c.items() if k != "audio"} for c in item.get("content", [])]
-    return {k: v for k, v in item.items() if not k.startswith("_")} | {"content": content}
+    return shown | {"content": content}
 
 
 def spoken_text(text: str, spoken_s: float, total_s: float | None) -> str:
@@ -93,7 +110,19 @@ def item_from_client(
 ) -> dict:
     """A client's ``conversation.item.create`` item, checked: content types fit the role, text
     fits the context, audio is valid in the session's input format and within the buffer
-    limit (kept as PCM16 24 kHz)."""
+    limit (kept as PCM16 24 kHz); a function call or its output has the fields of its kind."""
+    if given.type != "message":
+        return _function_item(given, max_text_bytes)
+    if given.role is None or given.content is None:
+        missing = "role" if given.role is None else "content"
+        raise RealtimeError(
+            Code.INVALID_REQUEST, f"a message item needs its {missing}", f"item.{missing}"
+        )
+    for field in ("call_id", "name", "arguments", "output"):
+        if getattr(given, field) is not None:
+            raise RealtimeError(
+                Code.INVALID_REQUEST, f"a message item has no {field}", f"item.{field}"
+            )
     texts = [p.text or p.transcript or "" for p in given.content]
     check_text("".join(texts), max_text_bytes, "item.content")
     content: list[dict] = []
@@ -122,6 +151,38 @@ def item_from_client(
                 param + ".type",
             )
     return message_item(given.role, content, given.id)
+
+
+def _function_item(given: ItemIn, max_text_bytes: int) -> dict:
+    """A ``function_call`` (call_id, name, arguments) or ``function_call_output`` (call_id,
+    output) item from the client."""
+    need = (
+        ("call_id", "name", "arguments") if given.type == "function_call" else ("call_id", "output")
+    )
+    for field in ("role", "content", "call_id", "name", "arguments", "output"):
+        given_value = getattr(given, field)
+        if field in need and given_value is None:
+            raise RealtimeError(
+                Code.INVALID_REQUEST, f"a {given.type} item needs its {field}", f"item.{field}"
+            )
+        if field not in need and given_value is not None:
+            raise RealtimeError(
+                Code.INVALID_REQUEST, f"a {given.type} item has no {field}", f"item.{field}"
+            )
+    assert given.call_id is not None
+    if given.type == "function_call":
+        assert given.name is not None and given.arguments is not None
+        check_text(given.arguments, max_text_bytes, "item.arguments")
+        return function_call_item(given.call_id, given.name, given.arguments, given.id)
+    assert given.output is not None
+    check_text(given.output, max_text_bytes, "item.output")
+    return {
+        "id": given.id or new_id("item"),
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "call_id": given.call_id,
+        "output": given.output,
+    }
 
 
 class Conversation:
@@ -195,7 +256,7 @@ class Conversation:
         """The client played ``audio_end_ms`` of an assistant item's audio: the transcript keeps
         what that much audio said."""
         item = self.get(item_id)
-        if item["role"] != "assistant":
+        if item.get("role") != "assistant":
             raise RealtimeError(Code.INVALID_REQUEST, "only assistant items truncate", "item_id")
         if content_index >= len(item["content"]):
             raise RealtimeError(Code.INVALID_REQUEST, "no such content part", "content_index")
@@ -246,9 +307,26 @@ class Conversation:
 
     def messages(self, instructions: str, extra: list[dict] | None = None) -> list[dict]:
         """Chat messages for ``GenerationRequest``: text as strings; user audio as ``audio``
-        parts (float32 at the encoder's rate), which the Qwen3-Omni preprocessing takes."""
+        parts (float32 at the encoder's rate), which the Qwen3-Omni preprocessing takes; the
+        model's function calls as its turn's ``tool_calls``, their outputs as ``tool`` turns."""
         out: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
         for item in [*self.items, *(extra or [])]:
+            if item.get("type") == "function_call":
+                call = {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
+                if out and out[-1]["role"] == "assistant" and isinstance(out[-1]["content"], str):
+                    out[-1].setdefault("tool_calls", []).append(call)  # the same turn's calls
+                else:
+                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                continue
+            if item.get("type") == "function_call_output":
+                out.append(
+                    {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+                )
+                continue
             if item.get("type") != "message":
                 continue
             texts: list[str] = []

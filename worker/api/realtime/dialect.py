@@ -23,6 +23,8 @@ def wants_beta(header: str | None) -> bool:
 
 
 def _beta_item(item: dict) -> dict:
+    if "content" not in item:  # a function call or its output
+        return item
     content = [
         {**c, "type": _BETA_CONTENT.get(c.get("type"), c.get("type"))}
         for c in item.get("content", [])

@@ -33,16 +33,33 @@ def _unserved(*neutral: Any) -> AfterValidator:
     return AfterValidator(check)
 
 
-# OpenAI's function calling, tracing, included extras and stored prompts: not served on
-# realtime (yet); their neutral values, as OpenAI's SDKs send them by default
-Tools = Annotated[list | None, _unserved(None, [])]
-ToolChoice = Annotated[str | dict | None, _unserved(None, "auto", "none")]
+# tracing, included extras and stored prompts: not served on realtime; their neutral values,
+# as OpenAI's SDKs send them by default
 Unset = Annotated[Any, _unserved(None)]
 
 
 class ClientEvent(_Model):
     type: str
     event_id: str | None = None
+
+
+# -- function calling (the GA shape: a tool's fields at its top level) ---------------------
+
+
+class FunctionTool(_Model):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = None  # a JSON schema (an object's)
+
+
+class NamedFunction(_Model):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+
+
+Tools = Annotated[list[FunctionTool] | None, Field(max_length=128)]
+ToolChoice = Literal["auto", "none", "required"] | NamedFunction | None
 
 
 # -- session.update ----------------------------------------------------------------------------
@@ -154,10 +171,18 @@ class ContentIn(_Model):
 
 
 class ItemIn(_Model):
+    """A message (role, content), a function call the model made (call_id, name, arguments:
+    a client may add earlier ones) or a call's result (call_id, output); which fields each
+    kind needs is checked in ``conversation.item_from_client``."""
+
     id: str | None = Field(None, min_length=1, max_length=MAX_ID_CHARS)
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system"]
-    content: list[ContentIn] = Field(min_length=1)
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentIn] | None = Field(None, min_length=1)
+    call_id: str | None = Field(None, min_length=1, max_length=128)
+    name: str | None = Field(None, min_length=1, max_length=64)
+    arguments: str | None = None  # JSON text
+    output: str | None = None
 
 
 class ItemCreate(ClientEvent):

@@ -19,9 +19,11 @@ from worker.api.realtime.input_audio import InputAudioBuffer
 from worker.api.realtime.response import ResponsePlan
 from worker.api.speech import speech_generation
 from worker.api.streamed_text import StreamedText
+from worker.api.tools import ToolUse
 from worker.api.voices import resolve_voice
 from worker.engine import GenerationRequest, RequestKind
 from worker.service import WorkerService
+from worker.stages import grammar as grammars
 from worker.stages.sampling import Sampling
 
 
@@ -53,6 +55,47 @@ def _unspoken_text(items: list[dict]) -> str:
             texts = [p.get("text") or "" for p in item["content"] if p.get("type") == "input_text"]
             said.append("".join(texts))
     return " ".join(t for t in reversed(said) if t.strip()).strip()
+
+
+def tool_use(tools: list[dict], choice: str | dict, param: str) -> ToolUse | None:
+    """The GA tools and choice of a session or response as the chat's ``ToolUse`` (the same
+    prompt, parsing and grammar as chat's function calling); None: no tools. A ``RealtimeError``
+    naming ``param`` (``session`` / ``response``) for what cannot hold."""
+    if not tools:
+        if choice not in ("auto", "none"):
+            raise RealtimeError(Code.INVALID_REQUEST, "tool_choice needs tools", f"{param}.tools")
+        return None
+    names = [t["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise RealtimeError(Code.INVALID_REQUEST, "tool names must be unique", f"{param}.tools")
+    named = choice.get("name") if isinstance(choice, dict) else None
+    if named is not None and named not in names:
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            f"tool_choice names {named!r}, which is not among the tools",
+            f"{param}.tool_choice",
+        )
+    nested = [
+        {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools
+    ]
+    use = ToolUse(nested, "named" if named is not None else str(choice), named)
+    if use.constrained:
+        if not grammars.available():
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "tool_choice required or a named function needs xgrammar on this worker",
+                f"{param}.tool_choice",
+            )
+        for i, t in enumerate(tools):
+            if t.get("parameters") is not None:
+                try:
+                    grammars.check_schema(t["parameters"])
+                except ValueError as exc:
+                    where = f"{param}.tools.{i}.parameters"
+                    raise RealtimeError(
+                        Code.INVALID_REQUEST, f"{where} cannot be held to: {exc}", where
+                    ) from None
+    return use
 
 
 async def plan_response(
@@ -101,6 +144,29 @@ async def plan_response(
     # worker's death is sent whole again)
     seed = next((s for s in (given.seed, c.seed) if s is not None), None)
     seed = secrets.randbits(31) if seed is None else seed
+    tools = (
+        [t.model_dump(exclude_none=True) for t in given.tools]
+        if given.tools is not None
+        else c.tools
+    )
+    choice = given.tool_choice if given.tool_choice is not None else c.tool_choice
+    use = tool_use(
+        tools, choice if isinstance(choice, (str, dict)) else choice.model_dump(), "response"
+    )
+    if use is not None and speaks_only(service):
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            f"model {session.model!r} only speaks: it calls no tools",
+            "response.tools",
+        )
+    if use is not None and use.choice != "none" and "audio" in modalities:
+        # the talker voices the thinker's tokens as they come: it would speak a call's JSON
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            'function calling is served with text output: set output_modalities ["text"] (or '
+            'tool_choice "none")',
+            "response.output_modalities",
+        )
     if speaks_only(service):
         text = _unspoken_text([*history.items, *extra])
         if text_in is not None:
@@ -137,5 +203,8 @@ async def plan_response(
         sampling=Sampling(temperature=temperature, top_p=top_p, seed=seed) if temperature else None,
         # the talker samples as its checkpoint says, seeded; temperature 0: greedy too
         speech_sampling=Sampling(temperature=0.0 if temperature == 0 else None, seed=seed),
+        tools=use.tools if use is not None else None,
+        grammar=use.grammar() if use is not None else None,
     )
+    plan.tools = use if use is not None and use.choice != "none" else None
     return plan

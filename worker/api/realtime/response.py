@@ -1,5 +1,10 @@
 """One response: drives ``Engine.generate`` and streams its text and audio as Realtime events.
 
+With tools (text output), the reply's function calls are taken out of its text as chat takes
+them (``worker.api.tools.Calls``) and follow its message as ``function_call`` items, each with
+``response.function_call_arguments.delta`` / ``.done``; a forced call (``required``, a named
+function: held to the schema by the grammar) is the response's only item.
+
 Cancelling the response's task (``response.cancel``, barge-in, the session closing) closes the
 engine iterator, which aborts the request in every stage at once; the reply then keeps what was
 sent of it (its transcript cut to the audio sent) and ``response.done`` says ``cancelled``."""
@@ -21,6 +26,7 @@ from worker.api.realtime import g711
 from worker.api.realtime.config import PCM_RATE, format_view
 from worker.api.realtime.conversation import (
     Conversation,
+    function_call_item,
     message_item,
     new_id,
     public,
@@ -29,6 +35,7 @@ from worker.api.realtime.conversation import (
 from worker.api.realtime.conversation import spoken_text as spoken_part
 from worker.api.realtime.errors import RealtimeError
 from worker.api.streamed_text import StreamedText
+from worker.api.tools import Calls, ToolUse
 from worker.engine import AudioChunk, Finished, GenerationRequest, RequestInvalid, StageFailed
 from worker.engine import TextDelta as EngineText
 from worker.service import Ticket, WorkerService
@@ -73,6 +80,7 @@ class ResponsePlan:
     spoken: str | None = None  # text-to-speech: the text the audio says, known at the start
     text_in: StreamedText | None = None  # text-to-speech: more text to say as it is written
     output_format: str = g711.PCM
+    tools: ToolUse | None = None  # function calling (not "none"): calls become items
 
 
 @dataclass
@@ -90,6 +98,16 @@ class Response:
     task: asyncio.Task | None = None
     running: bool = False  # the task has begun (a task cancelled before that never runs)
     cancelling: bool = False
+    calls: Calls | None = None  # with tools: what takes the calls out of the reply's text
+
+    def __post_init__(self) -> None:
+        if self.plan.tools is not None:
+            self.calls = Calls(self.plan.tools, lambda _k: new_id("call"))
+
+    @property
+    def has_message(self) -> bool:
+        """A forced call is the reply: no message item (its text is the call)."""
+        return self.calls is None or not self.calls.use.constrained
 
     @property
     def audio(self) -> bool:
@@ -191,18 +209,22 @@ class Response:
                 )
             except OmniError as exc:
                 raise RealtimeError.from_omni(exc) from exc
-            previous = None
-            if self.plan.in_conversation:
-                previous = await ch.conversation.add(self._item("in_progress"), store=False)
-            started = True
-            item = public(self._item("in_progress")) | {"content": []}
-            await send({"type": "response.output_item.added", **self._where(), "item": item})
-            if self.plan.in_conversation:
-                await send(
-                    {"type": "conversation.item.added", "previous_item_id": previous, "item": item}
-                )
             where = {**self._where(), "content_index": 0}
-            await send({"type": "response.content_part.added", **where, "part": self._part(False)})
+            if self.has_message:
+                previous = None
+                if self.plan.in_conversation:
+                    previous = await ch.conversation.add(self._item("in_progress"), store=False)
+                started = True
+                item = public(self._item("in_progress")) | {"content": []}
+                await send({"type": "response.output_item.added", **self._where(), "item": item})
+                if self.plan.in_conversation:
+                    await send(
+                        {"type": "conversation.item.added", "previous_item_id": previous,
+                         "item": item}
+                    )  # fmt: skip
+                await send(
+                    {"type": "response.content_part.added", **where, "part": self._part(False)}
+                )
             text_event = (
                 "response.output_audio_transcript.delta"
                 if self.audio
@@ -226,20 +248,18 @@ class Response:
                     if not overflow or shorter is None or self.text or self.audio_bytes:
                         raise
                     request.messages = shorter
+            if self.calls is not None:
+                rest, _ = self.calls.finish()
+                if rest and self.has_message:
+                    self.text.append(rest)
+                    await send({"type": text_event, **where, "delta": rest})
             ch.service.metrics.tokens_out.inc(self.usage.completion_tokens if self.usage else 0)
             ch.service.metrics.audio_out.inc(self.audio_bytes / PCM_BYTES_PER_SECOND)
             self.status = "completed"
             if self.usage is not None and self.usage.finish_reason == "length":
                 self.status, self.reason = "incomplete", "max_output_tokens"
-            said = "".join(self.text)
-            if self.audio:
-                await send({"type": "response.output_audio.done", **where})
-                await send(
-                    {"type": "response.output_audio_transcript.done", **where, "transcript": said}
-                )
-            else:
-                await send({"type": "response.output_text.done", **where, "text": said})
-            await send({"type": "response.content_part.done", **where, "part": self._part(True)})
+            if self.has_message:
+                await self._message_done(where)
         except asyncio.CancelledError:
             self.status = "cancelled"
             self.reason = self.reason or "client_cancelled"
@@ -265,6 +285,17 @@ class Response:
             if ticket is not None:
                 ticket.release()
 
+    async def _message_done(self, where: dict) -> None:
+        send, said = self.channel.send, "".join(self.text)
+        if self.audio:
+            await send({"type": "response.output_audio.done", **where})
+            await send(
+                {"type": "response.output_audio_transcript.done", **where, "transcript": said}
+            )
+        else:
+            await send({"type": "response.output_text.done", **where, "text": said})
+        await send({"type": "response.content_part.done", **where, "part": self._part(True)})
+
     async def _stream(
         self, request: GenerationRequest, ticket: Ticket, where: dict, text_event: str
     ) -> None:
@@ -273,8 +304,12 @@ class Response:
             async for event in stream:
                 if isinstance(event, EngineText):
                     ticket.text()
-                    self.text.append(event.text)
-                    await send({"type": text_event, **where, "delta": event.text})
+                    text = event.text
+                    if self.calls is not None:  # (the calls it completes follow the message)
+                        text, _ = self.calls.feed(text)
+                    if text:
+                        self.text.append(text)
+                        await send({"type": text_event, **where, "delta": text})
                 elif isinstance(event, AudioChunk):
                     ticket.audio()
                     wire = g711.from_pcm(self.plan.output_format, event.pcm16)
@@ -313,6 +348,16 @@ class Response:
                 with contextlib.suppress(RealtimeError):  # deleted by the client meanwhile
                     ch.conversation.items[ch.conversation.index(self.item_id)] = item
                     await ch.conversation.store_item(item)
+        calls: list[tuple[dict, str | None]] = []  # each call item, and the item before it
+        if self.calls is not None and self.status == "completed":
+            previous = item["id"] if item is not None else None
+            for call in self.calls.calls:
+                f = call["function"]
+                call_item = function_call_item(call["id"], f["name"], f["arguments"])
+                if self.plan.in_conversation:  # (stored, as the message: before it is sent)
+                    previous = await ch.conversation.add(call_item)
+                calls.append((call_item, previous))
+                previous = call_item["id"]
         await ch.response_ended(self)
         with contextlib.suppress(SessionClosed):
             if self.error is not None:
@@ -324,4 +369,37 @@ class Response:
                 await ch.send({"type": "response.output_item.done", **self._where(), "item": shown})
                 if self.plan.in_conversation:
                     await ch.send({"type": "conversation.item.done", "item": shown})
+            for call_item, previous in calls:
+                await self._send_call(call_item, len(output), previous)
+                output.append(public(call_item))
             await ch.send({"type": "response.done", "response": self._response(output)})
+
+    async def _send_call(self, item: dict, index: int, previous_id: str | None) -> None:
+        """One function call item's events, its arguments in one delta (the call is parsed
+        whole: a forced call's JSON, or a ``<tool_call>`` block once it closed)."""
+        send = self.channel.send
+        where = {"response_id": self.id, "item_id": item["id"], "output_index": index}
+        shown = public(item)
+        await send(
+            {"type": "response.output_item.added", "response_id": self.id, "output_index": index,
+             "item": shown | {"status": "in_progress", "arguments": ""}}
+        )  # fmt: skip
+        if self.plan.in_conversation:
+            await send(
+                {"type": "conversation.item.added", "previous_item_id": previous_id, "item": shown}
+            )
+        call = {"call_id": item["call_id"]}
+        await send(
+            {"type": "response.function_call_arguments.delta", **where, **call,
+             "delta": item["arguments"]}
+        )  # fmt: skip
+        await send(
+            {"type": "response.function_call_arguments.done", **where, **call,
+             "name": item["name"], "arguments": item["arguments"]}
+        )  # fmt: skip
+        await send(
+            {"type": "response.output_item.done", "response_id": self.id, "output_index": index,
+             "item": shown}
+        )  # fmt: skip
+        if self.plan.in_conversation:
+            await send({"type": "conversation.item.done", "item": shown})

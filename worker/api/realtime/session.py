@@ -33,7 +33,7 @@ from worker.api.realtime.dialect import to_beta
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.input_audio import InputAudioBuffer, decode_input, ms
 from worker.api.realtime.metrics import RealtimeMetrics
-from worker.api.realtime.planning import plan_response, speaks_only
+from worker.api.realtime.planning import plan_response, speaks_only, tool_use
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
@@ -187,6 +187,7 @@ class RealtimeSession:
             except OmniError as exc:
                 raise RealtimeError.from_omni(exc) from exc
         new, voice = cfg.apply(self.config, event.session)
+        tool_use(new.tools, new.tool_choice, "session")  # (refused now, not at the next reply)
         if voice is not None and voice != self.config.voice:
             try:
                 name, self.voice_audio = await resolve_voice(
