@@ -193,6 +193,32 @@ def test_speech_whole_and_streamed(sdk: openai.OpenAI, http: httpx.Client) -> No
     assert b"".join(pieces) == whole[44:]
 
 
+def _metric(http: httpx.Client, name: str) -> float:
+    """One sample's value on the worker's /metrics (0 when absent)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_audio_replies_report_real_time_factor_and_underruns(http: httpx.Client) -> None:
+    """A reply's real-time factor (admission to its last chunk over its audio seconds) and
+    whether it fell behind real time: three 0.1 s chunks 0.3 s apart (LAG) underrun a player
+    that started at the first; the same chunks at once do not."""
+    kind = '{kind="speech"}'
+    replies = _metric(http, "omni_worker_audio_replies_total" + kind)
+    underruns = _metric(http, "omni_worker_audio_underruns_total" + kind)
+    rtf_sum = _metric(http, "omni_worker_real_time_factor_sum" + kind)
+    body = {"model": "fake-omni", "voice": "tiny", "response_format": "pcm", "stream": True}
+    for text in ("say this", "LAG this"):
+        r = http.post("/v1/audio/speech", json={**body, "input": text})
+        assert r.status_code == 200 and len(r.content) == 3 * 2400 * 2
+    assert _metric(http, "omni_worker_audio_replies_total" + kind) == replies + 2
+    assert _metric(http, "omni_worker_audio_underruns_total" + kind) == underruns + 1
+    # the lagging reply took at least 0.9 s for 0.3 s of audio: a factor of 3 or more
+    assert _metric(http, "omni_worker_real_time_factor_sum" + kind) - rtf_sum >= 3.0
+
+
 def test_transcription_via_sdk(sdk: openai.OpenAI) -> None:
     out = sdk.audio.transcriptions.create(
         model="fake-omni", file=("a.wav", wav_bytes(1.25), "audio/wav")

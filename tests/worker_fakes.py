@@ -110,8 +110,10 @@ class FakeEngine:
                 voice = request.voice
                 if request.voice_audio is not None:
                     voice += struct.pack("<f", float(request.voice_audio.sum())).hex()
+                # (LAG: chunks of 0.1 s of audio 0.3 s apart, slower than real time)
+                gap = 0.3 if "LAG" in text else self.step_s
                 for chunk in range(3):
-                    await asyncio.sleep(self.step_s)
+                    await asyncio.sleep(gap)
                     yield AudioChunk(self.pcm_for(text, voice, chunk))
             yield Finished("stop", prompt_tokens=len(text), completion_tokens=len(words))
             finished = True

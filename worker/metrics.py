@@ -33,7 +33,10 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
 
+AUDIO_KINDS = ("chat", "speech")  # the request kinds whose replies may be audio
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# real-time factor: seconds to make a reply's audio / its seconds (below 1: faster than played)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5)
 
 
 class WorkerMetrics:
@@ -61,6 +64,21 @@ class WorkerMetrics:
         self.ttfa = Histogram(
             "omni_worker_first_audio_seconds", "time to first audio chunk",
             buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        # per request kind (chat, speech): the kinds that make audio
+        self.rtf = Histogram(
+            "omni_worker_real_time_factor",
+            "an audio reply's time from admission to its last chunk / its audio seconds",
+            ["kind"], buckets=_RTF_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.audio_streams = Counter(
+            "omni_worker_audio_replies", "replies that made audio", ["kind"], registry=r
+        )
+        self.underruns = Counter(
+            "omni_worker_audio_underruns",
+            "audio replies that fell behind real time: a player started at the first chunk "
+            "would have run out before a later one came",
+            ["kind"], registry=r,
         )  # fmt: skip
         self.in_flight = Gauge("omni_worker_in_flight", "requests being served", registry=r)
         self.aborted = Counter(
@@ -105,6 +123,10 @@ class WorkerMetrics:
         for stage in self.stages:
             self.queue_depth.labels(stage)
             self.busy.labels(stage)
+        for kind in AUDIO_KINDS:  # (the series exist from the start: dashboards see zeros)
+            self.rtf.labels(kind)
+            self.audio_streams.labels(kind)
+            self.underruns.labels(kind)
         self.set_status(WorkerStatus.STARTING)
 
     def set_status(self, status: WorkerStatus) -> None:

@@ -18,14 +18,16 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
-from worker.engine import Engine, RequestKind, outputs_of
-from worker.metrics import WorkerMetrics
+from worker.engine import AUDIO_OUTPUT_RATE, Engine, RequestKind, outputs_of
+from worker.metrics import AUDIO_KINDS, WorkerMetrics
 from worker.models.registry import Family, family_of
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 _LATENCY_WINDOW_S = 30.0
+# a chunk this late past the audio before it is an underrun (a player's own buffering: 20 ms)
+UNDERRUN_SLACK_S = 0.02
 _LATENCY_SAMPLES = 64
 
 
@@ -89,10 +91,17 @@ class Ticket:
 
     service: WorkerService
     stages: dict[str, int] = field(default_factory=dict)  # stage -> the engine requests it holds
+    kind: str = ""  # RequestKind value
     started: float = field(default_factory=time.monotonic)
     first_text: bool = False
     first_audio: bool = False
     released: bool = False
+    # audio handed out so far (seconds), when the first and the last chunk went, and whether a
+    # player started at the first chunk would have run dry before a later one
+    audio_s: float = 0.0
+    first_audio_at: float = 0.0
+    last_audio_at: float = 0.0
+    underrun: bool = False
 
     def text(self) -> None:
         if not self.first_text:
@@ -101,16 +110,28 @@ class Ticket:
             self.service.ttft.add(ms)
             self.service.metrics.ttft.observe(ms / 1000)
 
-    def audio(self) -> None:
+    def audio(self, pcm16_bytes: int) -> None:
+        """A chunk of ``pcm16_bytes`` of 24 kHz pcm16 goes to the client now."""
+        now = time.monotonic()
         if not self.first_audio:
-            self.first_audio = True
-            ms = (time.monotonic() - self.started) * 1000
+            self.first_audio, self.first_audio_at = True, now
+            ms = (now - self.started) * 1000
             self.service.ttfa.add(ms)
             self.service.metrics.ttfa.observe(ms / 1000)
+        elif now - self.first_audio_at > self.audio_s + UNDERRUN_SLACK_S:
+            self.underrun = True  # everything before this chunk would have played out
+        self.audio_s += pcm16_bytes / (2 * AUDIO_OUTPUT_RATE)
+        self.last_audio_at = now
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            if self.audio_s > 0 and self.kind in AUDIO_KINDS:
+                m = self.service.metrics
+                m.rtf.labels(self.kind).observe((self.last_audio_at - self.started) / self.audio_s)
+                m.audio_streams.labels(self.kind).inc()
+                if self.underrun:
+                    m.underruns.labels(self.kind).inc()
             self.service._release(self)
 
 
@@ -214,7 +235,7 @@ class WorkerService:
         self.metrics.in_flight.set(self.in_flight)
         for stage in limits:
             self.waiting[stage] += requests
-        return Ticket(self, dict.fromkeys(limits, requests))
+        return Ticket(self, dict.fromkeys(limits, requests), kind=kind.value)
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= 1

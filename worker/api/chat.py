@@ -373,7 +373,7 @@ async def _stream(
                     for out in _tool_deltas(sent, found, c):
                         yield chunk(i, out)
                 elif isinstance(event, AudioChunk):
-                    ticket.audio()
+                    ticket.audio(len(event.pcm16))
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
                     data = base64.b64encode(event.pcm16).decode()
                     yield chunk(i, {"audio": {"id": audio_id, "data": data, "expires_at": expires}})

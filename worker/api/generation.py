@@ -106,7 +106,7 @@ async def collect(service: WorkerService, request: GenerationRequest, ticket: Ti
                 out.text.append(event.text)
                 out.logprobs += event.logprobs or ()
             elif isinstance(event, AudioChunk):
-                ticket.audio()
+                ticket.audio(len(event.pcm16))
                 out.pcm16 += event.pcm16
             elif isinstance(event, ClipStart):
                 out.clips.append(event)

@@ -252,7 +252,7 @@ async def _audio_stream(
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk) and event.pcm16:
-                    ticket.audio()
+                    ticket.audio(len(event.pcm16))
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
                     data = out.feed(event.pcm16)
                     if data:
@@ -283,7 +283,7 @@ async def _sse_stream(
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk) and event.pcm16:
-                    ticket.audio()
+                    ticket.audio(len(event.pcm16))
                     service.metrics.audio_out.inc(audio.pcm16_seconds(event.pcm16))
                     pcm = out.feed(event.pcm16)
                     if pcm:

@@ -191,7 +191,7 @@ async def _speak(
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk):
-                    ticket.audio()
+                    ticket.audio(len(event.pcm16))
                     await delta(out.feed(event.pcm16))
                 elif isinstance(event, Finished):
                     finished = event

@@ -311,7 +311,7 @@ class Response:
                         self.text.append(text)
                         await send({"type": text_event, **where, "delta": text})
                 elif isinstance(event, AudioChunk):
-                    ticket.audio()
+                    ticket.audio(len(event.pcm16))
                     wire = g711.from_pcm(self.plan.output_format, event.pcm16)
                     data = base64.b64encode(wire).decode()
                     await send({"type": "response.output_audio.delta", **where, "delta": data})
