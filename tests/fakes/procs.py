@@ -108,7 +108,11 @@ class Router(Proc):
                 "info", *args]  # fmt: skip
         super().__init__(argv, name, env)
         if wait:
-            wait_for(lambda: httpx.get(self.url + "/live", timeout=1).status_code == 200, 20)
+            try:  # (on a loaded 2-core box one took 22 s to start, in a full run)
+                wait_for(lambda: httpx.get(self.url + "/live", timeout=1).status_code == 200, 60)
+            except BaseException:
+                self.stop()  # not left running behind a failed fixture
+                raise
 
     def diagnostics(self, **kw: object) -> dict:
         return httpx.get(self.url + "/diagnostics", timeout=5, **kw).json()  # type: ignore[arg-type]
