@@ -324,21 +324,16 @@ def test_video_patches_equal_the_image_processor_for_a_still(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("translate", [False, True])
-def test_the_thinker_is_asked_to_transcribe_or_translate_in_words(
-    tmp_path: Path, translate: bool
-) -> None:
+def test_the_thinker_is_asked_to_transcribe_or_translate_in_words(served, translate: bool) -> None:
     """The exact prompt of ``/v1/audio/transcriptions`` and ``/v1/audio/translations`` on
     Qwen3-Omni: the request's prompt as the system's context, then the clip and the instruction
     in the user's turn (English text whatever the clip's language, for a translation)."""
-    from planner.spec import ModelSpec
-    from worker.models.checkpoint import resolve_checkpoint
     from worker.models.qwen3_omni.preprocess import OmniPreprocess
     from worker.models.qwen3_omni.processor import OmniProcessor
     from worker.stages.request import RequestInput, TranscriptionOptions
 
-    spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
     pre = OmniPreprocess.__new__(OmniPreprocess)  # (its stage context is not needed here)
-    pre.processor = OmniProcessor(resolve_checkpoint(spec, SPEC, tmp_path, log=lambda _m: None))
+    pre.processor = OmniProcessor(served("tiny-omni").checkpoint)  # (the module's checkpoint)
     pre.context_length = 2048
     clip = np.zeros(16_000, dtype=np.float32)
     options = TranscriptionOptions(prompt="Names: Oslo.", translate=translate)
