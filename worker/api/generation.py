@@ -8,6 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from fastapi import Request
+
+from worker.api.common import until_disconnect
 from worker.engine import (
     AUDIO_OUTPUT_RATE,
     AudioChunk,
@@ -117,3 +120,13 @@ async def collect(service: WorkerService, request: GenerationRequest, ticket: Ti
     service.metrics.tokens_out.inc(out.finished.completion_tokens if out.finished else 0)
     service.metrics.audio_out.inc(len(out.pcm16) / 2 / AUDIO_OUTPUT_RATE)
     return out
+
+
+async def collect_whole(
+    request: Request, service: WorkerService, gen: GenerationRequest, ticket: Ticket
+) -> Collected | None:
+    """One request's whole result, its ticket released after; None if the client left."""
+    try:
+        return await until_disconnect(request, collect(service, gen, ticket))
+    finally:
+        ticket.release()

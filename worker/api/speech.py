@@ -33,7 +33,7 @@ from worker.api.common import (
     until_disconnect,
 )
 from worker.api.errors import stage_error
-from worker.api.generation import collect, events
+from worker.api.generation import collect, collect_whole, events
 from worker.api.replay import default_seed
 from worker.api.schemas import SpeechBatchRequest, SpeechRequest, SpeechSampling
 from worker.api.voices import resolve_voice_record
@@ -121,10 +121,7 @@ async def speech(request: Request) -> Response:
             media_type=speech_formats.media_type(fmt),
             headers={"X-Accel-Buffering": "no"},
         )
-    try:
-        result = await until_disconnect(request, collect(service, gen, ticket))
-    finally:
-        ticket.release()
+    result = await collect_whole(request, service, gen, ticket)
     if result is None:
         return closed_response()
     return Response(

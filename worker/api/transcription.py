@@ -28,10 +28,9 @@ from worker.api.common import (
     read_form,
     service_of,
     session_of,
-    until_disconnect,
 )
 from worker.api.errors import from_pydantic, stage_error
-from worker.api.generation import Collected, collect, events
+from worker.api.generation import Collected, collect_whole, events
 from worker.api.replay import default_seed, reply_id
 from worker.api.schemas import TranscriptionForm, TranslationForm
 from worker.engine import (
@@ -113,10 +112,7 @@ async def translations(request: Request) -> Response:
     options = TranscriptionOptions(prompt=body.prompt or None, translate=True)
     gen = _generation(request, clip, body, options)
     ticket = service.admit(gen.session_id, RequestKind.TRANSCRIPTION)
-    try:
-        result = await until_disconnect(request, collect(service, gen, ticket))
-    finally:
-        ticket.release()
+    result = await collect_whole(request, service, gen, ticket)
     if result is None:
         return closed_response()
     text = "".join(result.text)
@@ -148,10 +144,7 @@ async def transcriptions(request: Request) -> Response:
             _sse(service, gen, ticket), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )  # fmt: skip
-    try:
-        result = await until_disconnect(request, collect(service, gen, ticket))
-    finally:
-        ticket.release()
+    result = await collect_whole(request, service, gen, ticket)
     if result is None:
         return closed_response()
     texts = result.text
