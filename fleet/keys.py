@@ -73,6 +73,12 @@ class FleetKeys:
         return self.prefix + "loads"
 
     @property
+    def scale(self) -> str:
+        """Hash: model -> ``ScaleSignal`` JSON, rewritten by every router each second; it
+        expires when no router is left to rewrite it."""
+        return self.prefix + "scale"
+
+    @property
     def affinity_moves(self) -> str:
         """Counter of session bindings moved to another worker (bounded load, departures)."""
         return self.prefix + "stats:affinity-moves"

@@ -99,6 +99,22 @@ class LoadReport(BaseModel):
     healthy: bool = True
 
 
+class ScaleSignal(BaseModel):
+    """How many workers one model needs, as the routers compute it (router/scaling.py) and
+    publish it for an autoscaler (Redis, /metrics, deploy/kubernetes/overlays/autoscaled)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str  # the spec name its workers register (WorkerRecord.model)
+    desired_replicas: int
+    ready_replicas: int
+    in_flight: int  # requests its ready and draining workers hold
+    # the slowest ready worker's recent p50 time to first audio (else first token), seconds
+    first_output_s: float | None = None
+    reason: str  # which rule set desired_replicas: "load", "latency" or "minimum"
+    at: float = Field(default_factory=time.time)
+
+
 class EventKind(StrEnum):
     JOINED = "joined"
     READY = "ready"

@@ -8,14 +8,11 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class OmniSettings(BaseSettings):
-    """Precedence: CLI flag > ``OMNI_<FIELD>`` environment variable > default.
-
-    Subclasses add their own fields; ``--redis-url`` is ``OMNI_REDIS_URL`` and so on.
-    """
-
-    model_config = SettingsConfigDict(
-        env_prefix="OMNI_",
+def cli_settings(env_prefix: str = "OMNI_") -> SettingsConfigDict:
+    """The configuration of every command's settings: strict (an unknown field is an error),
+    kebab-case flags, on/off flags, lists as repeated flags."""
+    return SettingsConfigDict(
+        env_prefix=env_prefix,
         extra="forbid",
         cli_kebab_case=True,
         cli_implicit_flags=True,
@@ -23,6 +20,15 @@ class OmniSettings(BaseSettings):
         cli_enforce_required=False,
         validate_default=True,
     )
+
+
+class OmniSettings(BaseSettings):
+    """Precedence: CLI flag > ``OMNI_<FIELD>`` environment variable > default.
+
+    Subclasses add their own fields; ``--redis-url`` is ``OMNI_REDIS_URL`` and so on.
+    """
+
+    model_config = cli_settings()
 
     redis_url: SecretStr | None = Field(
         None, description="fleet state in Redis, e.g. redis://:PASSWORD@HOST:6379/0"

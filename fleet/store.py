@@ -11,7 +11,14 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from fleet.keys import FleetKeys
-from fleet.records import EventKind, FleetEvent, LoadReport, VoiceRecord, WorkerRecord
+from fleet.records import (
+    EventKind,
+    FleetEvent,
+    LoadReport,
+    ScaleSignal,
+    VoiceRecord,
+    WorkerRecord,
+)
 from fleet.redis_url import (
     RedisClient,
     cluster_client,
@@ -292,6 +299,21 @@ class FleetStore:
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+
+    async def publish_scale(self, signals: list[ScaleSignal], ttl_ms: int) -> None:
+        """Every model's signal in one hash (one key: legal on a cluster); models no router
+        computes any more drop out when the hash expires."""
+        if not signals:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.scale, mapping={s.model: s.model_dump_json() for s in signals})
+            pipe.pexpire(self.keys.scale, ttl_ms)
+            await pipe.execute()
+
+    async def scale_signals(self) -> dict[str, ScaleSignal]:
+        """Model -> its latest signal, for an operator's tools and the tests."""
+        raw = await self.redis.hgetall(self.keys.scale)
+        return {_text(k): ScaleSignal.model_validate_json(v) for k, v in raw.items()}
 
     async def plans(self, digests: list[str]) -> dict[str, dict]:
         """Launch plans by digest (those still stored)."""

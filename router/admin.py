@@ -23,6 +23,7 @@ from router.http.server import ClientConnection, Request
 from router.http.wire import json_response, simple_response
 from router.metrics import Metrics
 from router.request_path import RequestPath
+from router.scaling import Scaler
 from router.settings import RouterSettings
 from router.view import FleetView
 
@@ -79,6 +80,7 @@ class RouterParts(Protocol):
     auth: ClientAuth
     discovery: Discovery | None
     requests: RequestPath
+    scaler: Scaler
     policy_name: str
     started_at: float
     stopping: bool
@@ -186,6 +188,8 @@ class Admin:
                 {**w.describe(), "prefix": prefixes.describe(w)}
                 for w in self.router.view.workers.values()
             ],
+            # per model: the workers it needs (router/scaling.py; empty without Redis)
+            "scaling": [s.model_dump(mode="json") for s in self.router.scaler.signals],
             "counts": {
                 "policy": self.router.metrics.policy_outcomes(),
                 "affinity": dict(self.router.metrics.affinity),

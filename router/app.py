@@ -25,6 +25,7 @@ from router.metrics import Metrics
 from router.probes import Prober
 from router.request_path import RequestPath
 from router.resources import connection_cap, raise_fd_limit
+from router.scaling import Scaler
 from router.settings import RouterSettings
 from router.view import FleetView
 
@@ -66,6 +67,8 @@ class Router:
             worker_token_line,
         )
         self.metrics.gauges = self.admin.gauges
+        self.scaler = Scaler(settings, self.view)
+        self.metrics.scale = lambda: self.scaler.signals
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -79,7 +82,7 @@ class Router:
         requests.max_clients = connection_cap(s.max_connections, s.fd_reserve, raise_fd_limit())
         background = [requests.sweep(), self.prober.run()]
         if self.discovery is not None:
-            background.append(self.discovery.run())
+            background += [self.discovery.run(), self.scaler.run(self.discovery.store)]
         bg = [loop.create_task(c) for c in background]
         if self.discovery is not None:
             with contextlib.suppress(TimeoutError):

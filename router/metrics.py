@@ -2,7 +2,8 @@
 
 The request path only bumps plain ints in dicts (no locks, no label lookups); the exposition
 is built at scrape time by a collector. Every label value comes from a fixed list below, so
-the number of series never depends on traffic (no worker ids, models or paths as labels).
+the number of series never depends on traffic (no worker ids or paths as labels; the model, only
+on the scaling signal, whose models are the fleet's specs).
 Each router process keeps its own counters; with ``--processes N`` scrape each process or sum.
 """
 
@@ -21,7 +22,7 @@ from prometheus_client.core import (
 )
 
 from fleet.errors import ErrorCode
-from fleet.records import Endpoint
+from fleet.records import Endpoint, ScaleSignal
 
 ROUTES = (*(e.value for e in Endpoint), "models", "admin", "other")
 PREFIX_ROUTES = (Endpoint.CHAT.value, Endpoint.COMPLETIONS.value)  # prompts the policy places
@@ -107,6 +108,9 @@ class Metrics:
         self.idle_closed = 0  # client connections closed for idling
         self.resource_errors = 0  # the router's own EMFILE/ENOBUFS: never blamed on a worker
         self.gauges: Callable[[], dict[str, float]] = dict
+        # the scaling signal per model (router/scaling.py): the one family labelled by model,
+        # whose values come from the fleet's specs (a handful), never from requests
+        self.scale: Callable[[], list[ScaleSignal]] = list
 
     def policy_outcomes(self) -> dict[str, int]:
         """Every placement by its outcome, the cache-aware ones included."""
@@ -239,6 +243,16 @@ class _Collector:
             c = CounterMetricFamily(f"omni_router_{name}", doc)
             c.add_metric([], value)
             yield c
+        signals = m.scale()
+        for name, doc in (
+            ("desired_replicas", "Workers the model needs (the signal to scale on)"),
+            ("ready_replicas", "Workers of the model ready to serve"),
+            ("in_flight", "Requests the model's workers hold, queued and running"),
+        ):
+            g = GaugeMetricFamily(f"omni_router_scale_{name}", doc, labels=["model"])
+            for signal in signals:
+                g.add_metric([signal.model], getattr(signal, name))
+            yield g
         for name, gauge in m.gauges().items():
             g = GaugeMetricFamily(f"omni_router_{name}", name.replace("_", " "))
             g.add_metric([], gauge)

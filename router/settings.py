@@ -136,6 +136,21 @@ class RouterSettings(OmniSettings):
         None, description="sent to workers as x-omni-worker-token"
     )
 
+    # the signal to scale on (router/scaling.py): per model, published in Redis and /metrics
+    scale_in_flight: list[str] = Field(
+        default_factory=lambda: ["8"],
+        description="requests one worker should hold: N, or MODEL=N for one model (repeatable)",
+        json_schema_extra={"metavar": "TARGET"},
+    )
+    scale_first_output_s: list[str] = Field(
+        default_factory=lambda: ["2.0"],
+        description="p50 time to first audio/token to keep under: S, or MODEL=S (repeatable)",
+        json_schema_extra={"metavar": "TARGET"},
+    )
+    scale_min_replicas: int = Field(1, ge=0, description="the signal's floor, per model")
+    scale_max_replicas: int = Field(64, ge=1, description="the signal's ceiling, per model")
+    scale_interval_s: float = Field(1.0, gt=0, description="period of the signal's computation")
+
     # a whole fleet on this machine (router/local_fleet.py)
     local_workers: int = Field(
         0, ge=0, le=64, description="start Redis and N omni-worker processes here, then route"
@@ -169,8 +184,23 @@ class RouterSettings(OmniSettings):
             raise ValueError(f"invalid header name {name!r}")
         return name.lower()
 
+    @field_validator("scale_in_flight", "scale_first_output_s")
+    @classmethod
+    def _per_model(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            model, eq, value = entry.rpartition("=")
+            try:
+                ok = float(value) > 0 and (not eq or bool(model))
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{entry!r}: give a number above 0, or MODEL=NUMBER")
+        return entries
+
     @model_validator(mode="after")
     def _needs_workers(self) -> RouterSettings:
+        if self.scale_min_replicas > self.scale_max_replicas:
+            raise ValueError("--scale-min-replicas is above --scale-max-replicas")
         if not self.worker and self.redis_url is None and not self.local_workers:
             raise ValueError(
                 "give --redis-url (discovery), at least one --worker URL, or --local-workers N"

@@ -10,25 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import openai
+
+from bench.omnibench.prompts import speech_pcm  # noqa: F401 (the tests import it from here)
 
 RATE = 24_000  # the API's PCM16 rate, in and out
 CHUNK_S = 0.02  # what a microphone sends per event
-
-
-def speech_pcm(seconds: float, seed: int = 0) -> bytes:
-    """Voiced, syllable-paced audio (a 120 Hz glottal pulse train through two formants, loud
-    and quiet four times a second): what a voice activity detector takes for speech."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    t = np.arange(n) / RATE
-    f0 = 120 * (1 + 0.08 * np.sin(2 * np.pi * 0.7 * t))
-    pulses = np.sign(np.sin(2 * np.pi * np.cumsum(f0) / RATE)) * 0.5
-    voiced = pulses * (np.sin(2 * np.pi * 700 * t) + 0.6 * np.sin(2 * np.pi * 1200 * t))
-    syllables = 0.55 + 0.45 * np.sin(2 * np.pi * 4 * t) ** 2
-    wave = 0.25 * voiced * syllables + 0.003 * rng.standard_normal(n)
-    return (np.clip(wave, -1, 1) * 32767).astype("<i2").tobytes()
 
 
 def silence_pcm(seconds: float) -> bytes:

@@ -18,6 +18,7 @@ COMMANDS = {
     "omni-plan explain": ["planner.cli", "explain"],
     "omni-worker": ["worker.cli"],
     "omni-router": ["router.cli"],
+    "omni-bench": ["bench.omnibench.cli"],
 }
 PLAIN_METAVAR = re.compile(
     r"^(?:[A-Z][A-Z_]*(?:\.[A-Z_]+=[A-Z_]+)?|\{[a-z0-9_-]+(?:,[a-z0-9_-]+)*\})$"
@@ -83,7 +84,9 @@ def test_every_flag_has_a_plain_metavar_a_description_and_its_variable(command) 
             assert PLAIN_METAVAR.match(metavar), f"{where}: metavar {metavar!r}"
         env = ENV.search(helped)
         assert env, f"{where}: no [env: OMNI_...] in {helped!r}"
-        assert env.group(1) == "OMNI_" + flag[2:].replace("-", "_").upper() or (
+        # omni-bench's own prefix: it runs beside daemons whose OMNI_MODEL, OMNI_URL... differ
+        prefix = "OMNI_BENCH_" if name == "omni-bench" else "OMNI_"
+        assert env.group(1) == prefix + flag[2:].replace("-", "_").upper() or (
             flag == "--token" and env.group(1) == "OMNI_WORKER_TOKEN"
         ), f"{where}: {env.group(1)}"
         described = re.sub(r"\(default: [^)]*\)|\[env: [^]]*\]", "", helped).strip()

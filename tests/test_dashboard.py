@@ -99,6 +99,9 @@ def test_the_state_has_workers_traffic_errors_and_affinity(fake_fleet):
     assert {"route": "chat", "code": "model_not_found", "count": 1} in m["errors"]
     assert doc["affinity"]["outcomes"]["new"] == 3 and doc["affinity"]["outcomes"]["hit"] == 3
     assert doc["affinity"]["moves"] == 0
+    # the fake workers' one model, idle: the minimum (computed every second)
+    (signal,) = wait_for(lambda: state()["scaling"], 5)
+    assert signal["ready_replicas"] == 2 and signal["desired_replicas"] == 1
     assert doc["plans"] == {}  # fake workers publish no plan
     assert doc["router"]["listen"].endswith(f":{router.port}")
 
@@ -185,6 +188,10 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         for stage in ("thinker", "talker", "code2wav"):
             assert stage in workers  # per-stage load
         assert page.text("#c-workers") == "2 / 2"
+        # the scaling signal: tiny-omni, two ready, idle (the minimum of one needed)
+        page.wait_for("!!document.querySelector('#scaling tr[data-model=\"tiny-omni\"]')")
+        scaling = page.text("#scaling")
+        assert "tiny-omni" in scaling and "minimum" in scaling
         page.wait_for("document.querySelectorAll('#plans svg rect').length > 5")
         plans = page.text("#plans")
         assert "local-0, local-1" in plans  # one plan, both workers

@@ -92,11 +92,17 @@ def router_series() -> dict[str, set[str]]:
     """A real ``Router`` (its gauges are wired by the app, not by ``router.metrics``); built
     over a static worker, which needs no Redis and opens no connection."""
     from fleet.errors import ErrorCode
+    from fleet.records import ScaleSignal
     from router.app import Router
     from router.metrics import ROUTES
     from router.settings import RouterSettings
 
     metrics = Router(RouterSettings(worker=["http://127.0.0.1:9"])).metrics
+    # the scaling signal has series only for the models of a Redis fleet: one, for its labels
+    signal = ScaleSignal(
+        model="m", desired_replicas=1, ready_replicas=1, in_flight=0, reason="load"
+    )
+    metrics.scale = lambda: [signal]
     for route in ROUTES:  # touch every labelled series once, so that the labels show
         metrics.request(route, 200, 0.01)
         metrics.error(route, ErrorCode.INTERNAL_ERROR)

@@ -53,6 +53,11 @@ def base_docs() -> list[dict[str, Any]]:
     return [doc for path in resource_files(BASE) for doc in load_all(path)]
 
 
+def is_custom(doc: dict[str, Any]) -> bool:
+    """A resource of an add-on's API (KEDA's ScaledObject), not of Kubernetes itself."""
+    return doc["apiVersion"].split("/")[0].endswith(".sh")
+
+
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
     assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
@@ -100,6 +105,8 @@ def test_manifest_is_valid_for_the_pinned_kubernetes_version(path: Path) -> None
     docs = load_all(path)
     assert docs, f"{path} has no documents"
     for doc in docs:
+        if is_custom(doc):
+            continue  # not Kubernetes' schema: test_keda_scales_the_worker_deployment_on_...
         # strict: unknown fields (typos such as `readinesProbe`) are errors too
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -154,16 +161,17 @@ def test_kustomize_renders_valid_manifests(directory: Path) -> None:
     ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     for doc in docs:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        if not is_custom(doc):
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == "omni-fleet"
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     redis_parts = {n for n in names if n[1] == "omni-redis"}
-    if directory == BASE:
-        assert {k for k, _ in redis_parts} == {"StatefulSet", "Service", "NetworkPolicy"}
-    else:
+    if directory.name == "external-redis":
         assert not redis_parts, names
-    assert {("Deployment", "omni-router"), ("DaemonSet", "omni-worker")} <= names
+    else:
+        assert {k for k, _ in redis_parts} == {"StatefulSet", "Service", "NetworkPolicy"}
+    assert {("Deployment", "omni-router"), ("Deployment", "omni-worker")} <= names
 
 
 # -- cross-references ------------------------------------------------------------------------
@@ -235,9 +243,14 @@ def test_probes_point_at_the_documented_paths_and_ports() -> None:
 
 
 def test_worker_runs_on_gpu_nodes_and_drains_on_termination() -> None:
-    worker = find(base_docs(), "DaemonSet", "omni-worker")
+    worker = find(base_docs(), "Deployment", "omni-worker")
     spec = pod_spec(worker)
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # one worker per node: it takes all the node's GPUs, and a rolling update never surges
+    (term,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == worker["spec"]["selector"]["matchLabels"]
+    assert worker["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert spec["hostNetwork"] is False
     container = spec["containers"][0]
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
@@ -350,7 +363,7 @@ sys.exit(10 + len(signals))  # 11: drained after exactly one SIGTERM
 def test_worker_pre_stop_hook_sends_one_sigterm_and_returns_after_the_exit() -> None:
     """The hook's shell command, run for real against a process that drains like the worker
     (PID 1 in the pod is replaced by this process's PID)."""
-    container = pod_spec(find(base_docs(), "DaemonSet", "omni-worker"))["containers"][0]
+    container = pod_spec(find(base_docs(), "Deployment", "omni-worker"))["containers"][0]
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     worker = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER], stdout=subprocess.PIPE)
@@ -367,3 +380,30 @@ def test_worker_pre_stop_hook_sends_one_sigterm_and_returns_after_the_exit() -> 
         if worker.poll() is None:
             worker.kill()
             worker.wait(timeout=5)
+
+
+def test_keda_scales_the_worker_deployment_on_the_signal() -> None:
+    """overlays/autoscaled: the ScaledObject targets the worker Deployment, and its query is
+    PromQL over the series the routers export (router/scaling.py), for the base worker's model;
+    an AverageValue target of 1 makes the replicas equal the signal."""
+    from tests.test_deploy_grafana import parse_promql, router_series
+
+    overlay = KUBE / "overlays" / "autoscaled"
+    docs = [doc for path in resource_files(overlay) for doc in load_all(path)]
+    (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    target = scaled["spec"]["scaleTargetRef"]
+    worker = find(base_docs(), target["kind"], target["name"])
+    assert worker["kind"] == "Deployment" and target["apiVersion"] == worker["apiVersion"]
+    assert 0 < scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["threshold"] == "1"
+    query = trigger["metadata"]["query"]
+    parsed = parse_promql(query)
+    exported = router_series()
+    assert parsed.metrics == {"omni_router_scale_desired_replicas"}
+    assert parsed.labels <= exported["omni_router_scale_desired_replicas"] == {"model"}
+    spec_path = REPO / env_of(pod_spec(worker)["containers"][0])["OMNI_SPEC"]["value"]
+    model = yaml.safe_load(spec_path.read_text())["name"]
+    assert f'model="{model}"' in query

@@ -62,6 +62,8 @@ ROUTER_ARGS = (
     "--resync-interval-s", "0.5",
     "--affinity-bound", "1000",
     "--client-timeout-s", "3",
+    # a worker "should" hold 2 requests: a dozen streams make the scaling signal ask for 6
+    "--scale-in-flight", "2",
 )  # fmt: skip
 
 
