@@ -17,6 +17,7 @@ from prometheus_client import (
 
 from fleet.errors import ErrorCode
 from fleet.records import WorkerStatus
+from worker.engine import RequestKind
 
 
 class Route(StrEnum):
@@ -33,6 +34,7 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
 
+REQUEST_KINDS = tuple(kind.value for kind in RequestKind)
 AUDIO_KINDS = ("chat", "speech")  # the request kinds whose replies may be audio
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # real-time factor: seconds to make a reply's audio / its seconds (below 1: faster than played)
@@ -57,13 +59,15 @@ class WorkerMetrics:
             "omni_worker_request_seconds", "request duration, to the last byte",
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        # per request kind (chat, completion, speech, transcription): an operator's latency
+        # target differs between a voice reply and a transcript
         self.ttft = Histogram(
             "omni_worker_first_token_seconds", "time to first text token",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            ["kind"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.ttfa = Histogram(
             "omni_worker_first_audio_seconds", "time to first audio chunk",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            ["kind"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         # per request kind (chat, speech): the kinds that make audio
         self.rtf = Histogram(
@@ -123,7 +127,10 @@ class WorkerMetrics:
         for stage in self.stages:
             self.queue_depth.labels(stage)
             self.busy.labels(stage)
+        for kind in REQUEST_KINDS:
+            self.ttft.labels(kind)
         for kind in AUDIO_KINDS:  # (the series exist from the start: dashboards see zeros)
+            self.ttfa.labels(kind)
             self.rtf.labels(kind)
             self.audio_streams.labels(kind)
             self.underruns.labels(kind)

@@ -108,7 +108,7 @@ class Ticket:
             self.first_text = True
             ms = (time.monotonic() - self.started) * 1000
             self.service.ttft.add(ms)
-            self.service.metrics.ttft.observe(ms / 1000)
+            self.service.metrics.ttft.labels(self.kind).observe(ms / 1000)
 
     def audio(self, pcm16_bytes: int) -> None:
         """A chunk of ``pcm16_bytes`` of 24 kHz pcm16 goes to the client now."""
@@ -117,7 +117,7 @@ class Ticket:
             self.first_audio, self.first_audio_at = True, now
             ms = (now - self.started) * 1000
             self.service.ttfa.add(ms)
-            self.service.metrics.ttfa.observe(ms / 1000)
+            self.service.metrics.ttfa.labels(self.kind).observe(ms / 1000)
         elif now - self.first_audio_at > self.audio_s + UNDERRUN_SLACK_S:
             self.underrun = True  # everything before this chunk would have played out
         self.audio_s += pcm16_bytes / (2 * AUDIO_OUTPUT_RATE)
