@@ -101,3 +101,70 @@ def test_the_cycle_finder_sees_a_type_only_cycle(tmp_path: Path) -> None:
 def test_no_import_cycles(packages: tuple[str, ...]) -> None:
     found = cycles(project_graph(packages))
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# -- folder rules: the worker reads as a stack (issue 34) ------------------------------------
+
+FAMILIES = ROOT / "worker" / "models"
+
+
+def family_of(module: str) -> str | None:
+    """``worker.models.qwen3_tts.stages`` -> ``qwen3_tts``; None outside a family's folder."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[:2] == ["worker", "models"] and (FAMILIES / parts[2]).is_dir():
+        return parts[2]
+    return None
+
+
+def _under(module: str, *folders: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in folders)
+
+
+def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points the wrong way:
+    - a model family imports another family (a shared piece belongs in ``worker.layers``);
+    - the HTTP API imports a family (it asks the family record, ``worker.models.registry``);
+    - ``worker.layers`` imports anything of the worker above it;
+    - an engine imports the runtime, the families or the API; the stages import the families."""
+    breaks = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            own, theirs = family_of(module), family_of(dep)
+            wrong = (
+                (own and theirs and own != theirs)
+                or (_under(module, "worker.api") and theirs)
+                or (
+                    _under(module, "worker.layers")
+                    and _under(dep, "worker")
+                    and not _under(dep, "worker.layers")
+                )
+                or (
+                    _under(module, "worker.engines")
+                    and _under(dep, "worker.runtime", "worker.models", "worker.api")
+                )
+                or (_under(module, "worker.stages") and _under(dep, "worker.models"))
+            )
+            if wrong:
+                breaks.append(f"{module} -> {dep}")
+    return breaks
+
+
+def test_the_folder_rules_catch_each_wrong_import() -> None:
+    wrong = {
+        "worker.models.qwen3_asr.modeling": {"worker.models.qwen3_tts.modeling"},
+        "worker.api.transcription": {"worker.models.qwen3_asr.processor"},
+        "worker.layers.qwen3_decoder": {"worker.stages.base"},
+        "worker.engines.sglang.engine": {"worker.runtime.process"},
+        "worker.stages.decode": {"worker.models.qwen3_omni.code2wav"},
+    }
+    allowed = {
+        "worker.models.qwen3_tts.stages": {"worker.layers.qwen3_decoder", "worker.stages.base"},
+        "worker.api.speech": {"worker.models.registry"},
+        "worker.layers.module_weights": {"worker.layers.stage_weights", "planner.components"},
+    }
+    assert len(rule_breaks({**wrong, **allowed})) == len(wrong)
+
+
+def test_the_worker_imports_point_down_its_stack() -> None:
+    breaks = rule_breaks(project_graph(("worker",)))
+    assert not breaks, "imports against the worker's folder rules: " + "; ".join(breaks)

@@ -100,6 +100,17 @@ class ClipStart:
     end: float
 
 
+def merge_languages(languages: list[str]) -> str:
+    """A transcription's language: its clips' (``ClipStart.language``) in order, empty ones
+    and repeats in a row dropped: "Chinese,English" (as qwen-asr merges them)."""
+    out: list[str] = []
+    for lang in languages:
+        lang = (lang or "").strip()
+        if lang and (not out or out[-1] != lang):
+            out.append(lang)
+    return ",".join(out)
+
+
 @dataclass(slots=True)
 class WordTimings:
     """The forced aligner's word timestamps of a transcription: (word, start, end) in seconds."""

@@ -132,9 +132,9 @@ def official(tmp_path_factory) -> dict:
 def test_word_timestamps_equal_official_aligner(name: str, official: dict) -> None:
     import torch
 
+    from worker.layers.module_weights import load_into
     from worker.models.qwen3_asr.aligner import ForcedAligner
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel
-    from worker.models.qwen3_tts.weights import load_into
 
     ck = official["checkpoints"][name] / "forced_aligner"
     with torch.device("meta"):
@@ -169,10 +169,11 @@ def test_long_audio_is_cut_where_the_package_cuts(official: dict) -> None:
 def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
     import torch
 
+    from worker.engine import merge_languages
+    from worker.layers.module_weights import load_into
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel, greedy
-    from worker.models.qwen3_asr.processor import ASRProcessor, merge_languages
+    from worker.models.qwen3_asr.processor import ASRProcessor
     from worker.models.qwen3_asr.stages import EOS
-    from worker.models.qwen3_tts.weights import load_into
 
     ck = official["checkpoints"][name]
     with torch.device("meta"):

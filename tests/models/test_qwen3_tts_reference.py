@@ -85,10 +85,10 @@ def _ours(checkpoint: Path, spec_name: str) -> Iterator[tuple]:
     from transformers import AutoTokenizer
 
     from planner.spec import ModelSpec
+    from worker.layers.module_weights import load_into
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
     from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling
     from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
-    from worker.models.qwen3_tts.weights import load_into
     from worker.stages.base import StageContext
     from worker.stages.generation_config import read_generation_config
     from worker.stages.sampling import Sampling

@@ -10,8 +10,8 @@ import yaml
 
 from planner.spec import ModelSpec
 from planner.weights import config_path, count_weights
+from worker.layers.stage_weights import load_stage_module
 from worker.models.checkpoint import resolve_checkpoint
-from worker.models.stage_weights import load_stage_module
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"

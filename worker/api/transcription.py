@@ -40,8 +40,8 @@ from worker.engine import (
     RequestKind,
     StageFailed,
     TextDelta,
+    merge_languages,
 )
-from worker.models.qwen3_asr.processor import merge_languages
 from worker.service import WorkerService
 from worker.stages.request import TranscriptionOptions
 from worker.stages.sampling import Sampling

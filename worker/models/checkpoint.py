@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.spec import ModelSpec, StageSpec, resolve_model_dir
-from worker.models.stage_weights import torch_dtype
+from worker.layers.stage_weights import torch_dtype
 
 SEED_FILE = "seeded_weights.json"
 BUILDER_VERSION = "5"  # bump when the way checkpoints are built changes (weights, templates)

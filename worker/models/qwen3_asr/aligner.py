@@ -142,8 +142,8 @@ class ForcedAligner:
         (a shorter clip hears silence padded to the longest)."""
         import torch
 
+        from worker.layers.qwen3_decoder import KVCache
         from worker.models.qwen3_asr.modeling import cnn_output_lengths
-        from worker.models.qwen3_tts.modeling import KVCache
 
         if not clips:
             return []

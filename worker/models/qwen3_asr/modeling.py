@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.models.qwen3_tts.modeling import Decoder, DecoderShape, KVCache
+from worker.layers.qwen3_decoder import Decoder, DecoderShape, KVCache
 
 
 def cnn_output_lengths(lengths: torch.Tensor) -> torch.Tensor:

@@ -110,16 +110,6 @@ def _collapse_phrases(s: str, threshold: int, longest: int = 20) -> str:
     return s
 
 
-def merge_languages(languages: list[str]) -> str:
-    """Clips' languages in order, empty ones and repeats in a row dropped: "Chinese,English"."""
-    out: list[str] = []
-    for lang in languages:
-        lang = (lang or "").strip()
-        if lang and (not out or out[-1] != lang):
-            out.append(lang)
-    return ",".join(out)
-
-
 class ASRProcessor:
     def __init__(self, checkpoint: Path) -> None:
         from transformers import AutoTokenizer, WhisperFeatureExtractor

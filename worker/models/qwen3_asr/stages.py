@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engines.base import EngineRequest
+from worker.layers.stage_weights import torch_dtype
 from worker.models.qwen3_asr.processor import (
     MAX_ALIGN_CLIP_SECONDS,
     MAX_CLIP_SECONDS,
     MIN_CLIP_SECONDS,
     PAUSE_SEARCH_SECONDS,
 )
-from worker.models.stage_weights import torch_dtype
 from worker.models.tokens import token_id
 from worker.stages.base import (
     DONE,
@@ -282,9 +282,9 @@ class AlignerExecutor(RequestPreprocessor[dict[str, Any]]):
     def load(self) -> None:
         import torch
 
+        from worker.layers.module_weights import load_stage_weights
         from worker.models.qwen3_asr.aligner import ALIGNER_DIR, ForcedAligner
         from worker.models.qwen3_asr.modeling import Qwen3ASRModel
-        from worker.models.qwen3_tts.weights import load_stage_weights
 
         comp = self.ctx.stage.component
         ck = self.ctx.checkpoint / (comp.config_dir if comp and comp.config_dir else ALIGNER_DIR)

@@ -11,7 +11,7 @@ def load(ctx: StageContext) -> tuple[Any, Any]:
     """(the model's whole config, this stage's module with only its own weights)."""
     from transformers import Qwen3OmniMoeConfig
 
-    from worker.models.stage_weights import load_stage_module, random_stage_module
+    from worker.layers.stage_weights import load_stage_module, random_stage_module
 
     if ctx.stage.component is None:
         raise ValueError(f"stage {ctx.name} needs a component")

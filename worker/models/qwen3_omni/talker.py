@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from worker.engines.base import EngineRequest
+from worker.layers.stage_weights import LoadReport
 from worker.models.qwen3_omni.common import on_device
 from worker.models.qwen3_omni.talker_sglang import register, sglang_model_dir
-from worker.models.stage_weights import LoadReport
 from worker.stages.base import (
     CHUNK,
     DONE,

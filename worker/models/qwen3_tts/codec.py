@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.models.qwen3_tts.modeling import RMSNorm, rope_cos_sin
+from worker.layers.qwen3_decoder import RMSNorm, rope_cos_sin
 
 
 class CausalConv(nn.Module):
@@ -162,7 +162,7 @@ class SplitRVQ(nn.Module):
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
-        from worker.models.qwen3_tts.modeling import MLP, Attention, DecoderShape
+        from worker.layers.qwen3_decoder import MLP, Attention, DecoderShape
 
         shape = DecoderShape.of(cfg)
         self.self_attn = Attention(shape, qk_norm=False, bias=cfg.get("attention_bias", False))

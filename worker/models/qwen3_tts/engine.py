@@ -49,7 +49,7 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
 
 def load_model(checkpoint: Path, device: str = "cpu", dtype=torch.float32) -> Qwen3TTSModel:
     """Build the module tree and load ``model.safetensors`` (or its shards) strictly."""
-    from worker.models.qwen3_tts.weights import load_into
+    from worker.layers.module_weights import load_into
 
     config = read_config(checkpoint)
     with torch.device("meta"):

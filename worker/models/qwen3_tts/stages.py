@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from worker.layers.stage_weights import torch_dtype
 from worker.models.qwen3_tts import DESIGNED_VOICE, VOICE_DESIGN, VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
-from worker.models.stage_weights import torch_dtype
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -48,8 +48,8 @@ class TTSPreprocess(RequestPreprocessor[RequestInput]):
     def load(self) -> None:
         import torch
 
+        from worker.layers.module_weights import load_stage_weights
         from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-        from worker.models.qwen3_tts.weights import load_stage_weights
 
         self.torch = torch
         self.config = json.loads((self.ctx.checkpoint / "config.json").read_text())
@@ -384,8 +384,8 @@ class TTSVocoderExecutor(VocoderExecutor):
     def load(self) -> None:
         import torch
 
+        from worker.layers.module_weights import load_stage_weights
         from worker.models.qwen3_tts.codec import SpeechDecoder
-        from worker.models.qwen3_tts.weights import load_stage_weights
 
         comp = self.ctx.stage.component
         st_dir = self.ctx.checkpoint / (comp.config_dir if comp else "speech_tokenizer")

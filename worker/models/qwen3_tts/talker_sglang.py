@@ -40,6 +40,7 @@ from worker.engines.sglang.talkers import (
     row_ends,
     talker_engine,
 )
+from worker.layers.stage_weights import LoadReport
 from worker.models.qwen3_tts.engine import (
     GREEDY,
     FirstCodes,
@@ -50,7 +51,6 @@ from worker.models.qwen3_tts.engine import (
     read_config,
 )
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel
-from worker.models.stage_weights import LoadReport
 from worker.stages.base import StageContext
 from worker.stages.talker_sampling import TalkerSampling
 

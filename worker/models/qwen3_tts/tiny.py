@@ -59,8 +59,9 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
 
+    from worker.layers.qwen3_decoder import init_random
     from worker.models.qwen3_tts.codec import SpeechTokenizer
-    from worker.models.qwen3_tts.modeling import Qwen3TTSModel, init_random
+    from worker.models.qwen3_tts.modeling import Qwen3TTSModel
 
     config = json.loads((config_dir / "config.json").read_text())
     model = Qwen3TTSModel(config)

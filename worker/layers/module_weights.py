@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from worker.models.stage_weights import CheckpointError, weight_map
+from worker.layers.stage_weights import CheckpointError, weight_map
 
 
 def load_into(
@@ -104,7 +104,7 @@ def load_stage_weights(module: torch.nn.Module, ctx: Any, model_dir: Path, **kw:
     """``load_into`` for a stage, or ``random_into`` when the stage was asked for random
     weights (``ctx.extra["random_weights"]``); records what it holds in ``ctx.extra["loaded"]``
     (read by bench/gpu_check.py)."""
-    from worker.models.stage_weights import LoadReport
+    from worker.layers.stage_weights import LoadReport
 
     device = kw.pop("device", ctx.device)
     if ctx.extra.get("random_weights"):
