@@ -1,4 +1,4 @@
-"""PipelineEngine (no HTTP) on tiny-omni: time to first text token and to first audio chunk at
+"""Coordinator (no HTTP) on tiny-omni: time to first text token and to first audio chunk at
 concurrency 1, and throughput at concurrency 1 vs 8 (step batching should make 8 clearly faster
 in total).
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from planner.localplan import cpu_node_plan  # noqa: E402
 from planner.spec import ModelSpec  # noqa: E402
-from worker.engine import (  # noqa: E402
+from worker.contract.pipeline import (  # noqa: E402
     AUDIO_OUTPUT_RATE,
     AudioChunk,
     Finished,
@@ -34,13 +34,13 @@ from worker.engine import (  # noqa: E402
     RequestKind,
     TextDelta,
 )
-from worker.runtime.engine import PipelineEngine  # noqa: E402
+from worker.runtime.coordinator import Coordinator  # noqa: E402
 
 SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 PROMPTS = ["Tell me a story.", "abc", "What is omni-fleet?", "hi"]  # long generations
 
 
-async def one(eng: PipelineEngine, req: GenerationRequest) -> dict:
+async def one(eng: Coordinator, req: GenerationRequest) -> dict:
     t0 = time.perf_counter()
     out = {"first_text": None, "first_audio": None, "tokens": 0, "audio_s": 0.0}
     async for ev in eng.generate(req):
@@ -69,7 +69,7 @@ def speech(i: int) -> GenerationRequest:
     return GenerationRequest(f"tts-{i}", RequestKind.SPEECH, text=text, voice="ethan")
 
 
-async def run_at(eng: PipelineEngine, make, n: int, concurrency: int) -> tuple[float, list]:
+async def run_at(eng: Coordinator, make, n: int, concurrency: int) -> tuple[float, list]:
     sem = asyncio.Semaphore(concurrency)
 
     async def guarded(i: int) -> dict:
@@ -88,7 +88,7 @@ def ms(xs: list[float]) -> str:
 async def main(args: argparse.Namespace) -> dict:
     spec = ModelSpec.model_validate_json(json.dumps(__import__("yaml").safe_load(SPEC.read_text())))
     cache = Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-"))
-    eng = PipelineEngine(spec, SPEC, cpu_node_plan(spec), cache)
+    eng = Coordinator(spec, SPEC, cpu_node_plan(spec), cache)
     t0 = time.perf_counter()
     await eng.start(lambda _m: None)
     report: dict = {"startup_s": round(time.perf_counter() - t0, 2)}
@@ -137,7 +137,7 @@ async def main(args: argparse.Namespace) -> dict:
     return report
 
 
-def _traffic(eng: PipelineEngine) -> tuple[int, int, int]:
+def _traffic(eng: Coordinator) -> tuple[int, int, int]:
     edges = eng.edge_traffic().values()
     return (
         sum(t.handed_over for t in edges),
@@ -163,7 +163,7 @@ async def bench_layouts(args: argparse.Namespace) -> dict:
     }
     report: dict = {}
     for name, groups in layouts.items():
-        eng = PipelineEngine(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
+        eng = Coordinator(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
         await eng.start(lambda _m: None)
         try:
             for i in range(2):  # warm the paths once

@@ -109,9 +109,9 @@ def _load(name: str, real: bool, cuda: bool) -> dict:
 
     from planner.api import plan_spec
     from planner.loader import load_spec
+    from worker.contract.stage_context import StageContext
     from worker.models.checkpoint import resolve_checkpoint
     from worker.models.registry import make_executor
-    from worker.stages.base import StageContext
 
     real_spec, tiny_spec, stages = CHECKS[name]
     spec_path = MODELS / (real_spec if real else tiny_spec)
@@ -202,8 +202,8 @@ def _drive_tts(executors: dict, new_tokens: int, concurrency: int) -> None:
     """``concurrency`` cloned-voice requests at once (a 3 s reference with its transcript:
     reference codes, speaker embedding, talker, chunked decode) through preprocessing ->
     tts_engine => vocoder."""
+    from worker.contract.options import RequestInput, SpeechOptions
     from worker.stages.base import REQUEST_INPUT, RequestMeta
-    from worker.stages.request import RequestInput, SpeechOptions
 
     pre, talker, vocoder = (executors[s] for s in ("preprocessing", "tts_engine", "vocoder"))
     t = np.arange(72_000) / 24_000
@@ -264,8 +264,8 @@ def _report_speech(concurrency: int, first: dict[str, float], samples: int, tota
 
 def _drive_asr(asr, seconds: float) -> None:
     """One transcription of ``seconds`` of speech-like audio (bursts and pauses)."""
+    from worker.contract.options import RequestInput
     from worker.stages.base import REQUEST_INPUT, RequestMeta
-    from worker.stages.request import RequestInput
 
     rng = np.random.default_rng(0)
     n = int(seconds * 16_000)

@@ -1,4 +1,4 @@
-"""PipelineEngine with real stage processes running tiny-omni (no HTTP).
+"""Coordinator with real stage processes running tiny-omni (no HTTP).
 
 One engine is started per module and shared; the process-kill test runs last because it
 restarts a process group.
@@ -22,7 +22,7 @@ import yaml
 
 from planner.localplan import cpu_node_plan
 from planner.spec import ModelSpec
-from worker.engine import (
+from worker.contract.pipeline import (
     AUDIO_INPUT_RATE,
     AUDIO_OUTPUT_RATE,
     AudioChunk,
@@ -33,8 +33,8 @@ from worker.engine import (
     StageFailed,
     TextDelta,
 )
-from worker.runtime.engine import PipelineEngine, _stage_threads
-from worker.stages.sampling import Sampling
+from worker.contract.sampling import Sampling
+from worker.runtime.coordinator import Coordinator, _stage_threads
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -49,10 +49,10 @@ def with_audio(clip: np.ndarray) -> list[dict]:
     return [{"role": "user", "content": [{"type": "audio", "audio": clip}, text]}]
 
 
-def make_engine(cache: Path, groups: dict[str, list[str]] | None = None) -> PipelineEngine:
+def make_engine(cache: Path, groups: dict[str, list[str]] | None = None) -> Coordinator:
     """tiny-omni's pipeline, in ``groups`` of processes."""
     spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
-    return PipelineEngine(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
+    return Coordinator(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(cache_dir: Path) -> AsyncIterator[PipelineEngine]:
+async def engine(cache_dir: Path) -> AsyncIterator[Coordinator]:
     eng = make_engine(cache_dir)
     eng.trace = {}
     progress: list[str] = []
@@ -79,7 +79,7 @@ def chat(rid: str, audio: bool = False, max_tokens: int | None = None) -> Genera
     )  # fmt: skip
 
 
-async def collect(eng: PipelineEngine, req: GenerationRequest, timeout: float = 60) -> list:
+async def collect(eng: Coordinator, req: GenerationRequest, timeout: float = 60) -> list:
     async def run() -> list:
         return [ev async for ev in eng.generate(req)]
 
@@ -106,7 +106,7 @@ async def wait_until(cond, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def settled_traffic(eng: PipelineEngine) -> dict[tuple[str, str], tuple[int, int, int]]:
+async def settled_traffic(eng: Coordinator) -> dict[tuple[str, str], tuple[int, int, int]]:
     """Edge counters once every process has reported after the last request (each reports
     every 0.1 s): the same over three reads 0.2 s apart."""
     await wait_until(lambda: idle(eng), 10, "every stage's queue to drain")
@@ -117,12 +117,12 @@ async def settled_traffic(eng: PipelineEngine) -> dict[tuple[str, str], tuple[in
     return reads[-1]
 
 
-def idle(eng: PipelineEngine) -> bool:
+def idle(eng: Coordinator) -> bool:
     st = eng.status()
     return eng.in_flight() == 0 and all(s.queue_depth == 0 for s in st.stages.values())
 
 
-async def test_status_and_speakers(engine: PipelineEngine) -> None:
+async def test_status_and_speakers(engine: Coordinator) -> None:
     st = engine.status()
     assert st.ready and st.healthy
     assert set(st.stages) == {
@@ -133,7 +133,7 @@ async def test_status_and_speakers(engine: PipelineEngine) -> None:
     assert engine.speakers() == ["chelsie", "ethan", "aiden"]
 
 
-async def test_text_streams_deltas_and_skips_talker(engine: PipelineEngine) -> None:
+async def test_text_streams_deltas_and_skips_talker(engine: Coordinator) -> None:
     events = await collect(engine, chat("text-1"))
     fin = events[-1]
     assert isinstance(fin, Finished) and fin.prompt_tokens > 0
@@ -149,14 +149,14 @@ async def test_text_streams_deltas_and_skips_talker(engine: PipelineEngine) -> N
     assert not any(s in ("talker", "code2wav") for _, s, _ in trace)
 
 
-async def test_max_tokens_and_same_request_same_text(engine: PipelineEngine) -> None:
+async def test_max_tokens_and_same_request_same_text(engine: Coordinator) -> None:
     a = await collect(engine, chat("short-a", max_tokens=5))
     b = await collect(engine, chat("short-b", max_tokens=5))
     assert a[-1].completion_tokens == 5 and a[-1].finish_reason == "length"
     assert text_of(a) == text_of(b) and text_of(a)
 
 
-async def test_audio_chunks_stream_while_talker_runs(engine: PipelineEngine) -> None:
+async def test_audio_chunks_stream_while_talker_runs(engine: Coordinator) -> None:
     events = await collect(engine, chat("audio-1", audio=True, max_tokens=60))
     chunks = [e for e in events if isinstance(e, AudioChunk)]
     assert len(chunks) > 3 and text_of(events)
@@ -173,7 +173,7 @@ async def test_audio_chunks_stream_while_talker_runs(engine: PipelineEngine) -> 
     assert first(trace, "talker", "<-chunk") < first(trace, "thinker", "end")
 
 
-async def test_speech_voices_are_deterministic_and_distinct(engine: PipelineEngine) -> None:
+async def test_speech_voices_are_deterministic_and_distinct(engine: Coordinator) -> None:
     def speech(rid: str, voice: str) -> GenerationRequest:
         return GenerationRequest(
             rid, RequestKind.SPEECH, text="Hello there.", voice=voice, output_audio=True,
@@ -189,7 +189,7 @@ async def test_speech_voices_are_deterministic_and_distinct(engine: PipelineEngi
         await collect(engine, speech("s6", "nobody"))
 
 
-async def test_invalid_requests_are_refused_and_engine_serves_on(engine: PipelineEngine) -> None:
+async def test_invalid_requests_are_refused_and_engine_serves_on(engine: Coordinator) -> None:
     with pytest.raises(RequestInvalid, match="without audio"):
         await collect(engine, GenerationRequest("bad-1", RequestKind.TRANSCRIPTION))
     with pytest.raises(RequestInvalid, match="without text"):
@@ -199,7 +199,7 @@ async def test_invalid_requests_are_refused_and_engine_serves_on(engine: Pipelin
 
 
 async def test_prompt_over_the_context_is_refused_before_the_encoders(
-    engine: PipelineEngine,
+    engine: Coordinator,
 ) -> None:
     long = [{"role": "user", "content": "x" * 2100}]  # byte tokens: over the 2048 context
     before = await settled_traffic(engine)
@@ -213,7 +213,7 @@ async def test_prompt_over_the_context_is_refused_before_the_encoders(
         assert after.get(edge) == before.get(edge)
 
 
-async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
+async def test_transcription_of_generated_audio(engine: Coordinator) -> None:
     speech = GenerationRequest(
         "tts", RequestKind.SPEECH, text="Testing one two three.", voice="chelsie",
         output_audio=True,
@@ -241,7 +241,7 @@ async def test_transcription_of_generated_audio(engine: PipelineEngine) -> None:
     assert heard[-1].prompt_tokens - plain[-1].prompt_tokens > len(wav16) / AUDIO_INPUT_RATE * 12
 
 
-async def test_new_request_joins_running_batch(engine: PipelineEngine) -> None:
+async def test_new_request_joins_running_batch(engine: Coordinator) -> None:
     """Step batching: B's first token comes before A (already running) finishes."""
     gen_a = engine.generate(chat("join-a"))
     first_a = await asyncio.wait_for(anext(gen_a), 30)
@@ -260,7 +260,7 @@ async def _drain(gen) -> list:
     return [ev async for ev in gen]
 
 
-async def test_abort_frees_the_request_everywhere(engine: PipelineEngine) -> None:
+async def test_abort_frees_the_request_everywhere(engine: Coordinator) -> None:
     gen = engine.generate(chat("abort-1", audio=True))
     async for ev in gen:
         if isinstance(ev, AudioChunk):
@@ -273,7 +273,7 @@ async def test_abort_frees_the_request_everywhere(engine: PipelineEngine) -> Non
     assert leftovers == []
 
 
-async def test_cancelled_consumer_task_aborts(engine: PipelineEngine) -> None:
+async def test_cancelled_consumer_task_aborts(engine: Coordinator) -> None:
     started = asyncio.Event()
 
     async def consume() -> None:
@@ -294,7 +294,7 @@ def chirp(seconds: float = 1.0) -> np.ndarray:
 
 
 async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
-    engine: PipelineEngine, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Coordinator, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every stage but the thinker in one process (payloads handed over in place, tensors
     included: preprocessing, both encoders, decode, the talker and code2wav) and every stage in
@@ -357,7 +357,7 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
     assert in_tiny[("thinker", "talker")][0] == 0 and in_tiny[("thinker", "talker")][2] > 0
 
 
-async def test_killed_stage_process_fails_requests_and_recovers(engine: PipelineEngine) -> None:
+async def test_killed_stage_process_fails_requests_and_recovers(engine: Coordinator) -> None:
     gen = engine.generate(chat("killed", audio=True))
     async for ev in gen:
         if isinstance(ev, AudioChunk):
@@ -401,7 +401,7 @@ async def test_a_stage_that_cannot_load_fails_start_with_its_error(tmp_path: Pat
             },
         }
     )
-    eng = PipelineEngine(spec, tmp_path / "spec.yaml", cpu_node_plan(spec), tmp_path / "cache")
+    eng = Coordinator(spec, tmp_path / "spec.yaml", cpu_node_plan(spec), tmp_path / "cache")
     with pytest.raises(RuntimeError, match=re.escape(error)):
         await asyncio.wait_for(eng.start(lambda _m: None), timeout=120)
     st = eng.status()

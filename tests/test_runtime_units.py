@@ -16,11 +16,12 @@ import yaml
 
 from planner.spec import ModelSpec
 from tests.plain_lm import SAMPLING, build_plain_lm
+from worker.contract.options import RequestInput
 from worker.models.checkpoint import resolve_checkpoint
 from worker.runtime import transport
-from worker.runtime.graph import REQUEST_INPUT, route
+from worker.runtime.graph import route
 from worker.stages.base import BatchQueue, RequestMeta, StageExecutor
-from worker.stages.request import RequestInput
+from worker.stages.messages import REQUEST_INPUT
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
@@ -78,13 +79,13 @@ def test_stage_limits_follow_the_route_the_plan_and_the_replicas(tmp_path: Path)
     when the plan gives none) plus the spec's queued ones, summed over the replicas, for the
     stages that the request's outputs visit."""
     from planner.localplan import cpu_node_plan
-    from worker.engine import RequestKind, outputs_of
-    from worker.runtime.engine import PipelineEngine
+    from worker.contract.pipeline import RequestKind, outputs_of
+    from worker.runtime.coordinator import Coordinator
 
     spec = tiny_spec()
     spec.stages["talker"].engine.max_queued_requests = 3
     plan = cpu_node_plan(spec)
-    one = PipelineEngine(spec, SPEC_PATH, plan, tmp_path)
+    one = Coordinator(spec, SPEC_PATH, plan, tmp_path)
     assert one.stage_limits(outputs_of(RequestKind.CHAT)) == {"thinker": 16 + 64}
     assert one.stage_limits(outputs_of(RequestKind.SPEECH)) == {"thinker": 80, "talker": 19}
     # the plan's running requests win; a second replica doubles the room
@@ -92,7 +93,7 @@ def test_stage_limits_follow_the_route_the_plan_and_the_replicas(tmp_path: Path)
     placed = next(s for s in thinker.stages if s.stage == "thinker")
     placed.max_running_requests = 4
     second = [p.model_copy(update={"name": "1/" + p.group, "replica": 1}) for p in plan.processes]
-    two = PipelineEngine(
+    two = Coordinator(
         spec, SPEC_PATH, plan.model_copy(update={"processes": [*plan.processes, *second]}), tmp_path
     )
     assert two.stage_limits(outputs_of(RequestKind.CHAT, output_audio=True)) == {
@@ -165,8 +166,8 @@ class _Recorder(StageExecutor):
 
 
 def test_stages_of_one_process_hand_payloads_over_in_place() -> None:
-    from worker.runtime import messages as m
     from worker.runtime.dispatch import Dispatcher
+    from worker.stages import messages as m
 
     spec = ModelSpec.model_validate(
         {
@@ -294,8 +295,8 @@ def plain_stages(plain_lm: Path, tmp_path_factory) -> dict:
     """The three stages of a plain model's spec (configs/models/qwen3-8b.yaml's, at toy size),
     loaded in this process, the language model on SGLang (closed at the module's end: SGLang
     runs one engine at a time in a process)."""
+    from worker.contract.stage_context import StageContext
     from worker.models.registry import make_executor
-    from worker.stages.base import StageContext
 
     spec = ModelSpec.model_validate(
         {
@@ -334,8 +335,8 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plai
     ``generate``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from worker.contract.sampling import Sampling
     from worker.stages.base import CHUNK, DONE, END, FINAL, OUT, RequestMeta
-    from worker.stages.sampling import Sampling
 
     model_dir = plain_lm
     pre, llm, dec = (plain_stages[n] for n in ("preprocessing", "llm", "decode"))
@@ -381,8 +382,9 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plai
 
 
 def test_aggregate_merges_inputs() -> None:
+    from worker.contract.stage_context import StageContext
     from worker.models.registry import make_executor
-    from worker.stages.base import FINAL, RequestMeta, StageContext
+    from worker.stages.base import FINAL, RequestMeta
 
     spec = ModelSpec.model_validate(
         {
@@ -405,8 +407,9 @@ def test_aggregate_merges_inputs() -> None:
 
 
 def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Path) -> None:
+    from worker.contract.stage_context import StageContext
     from worker.models.registry import make_executor
-    from worker.stages.base import DONE, OUT, RequestMeta, StageContext
+    from worker.stages.base import DONE, OUT, RequestMeta
 
     spec = tiny_spec()
     dec = make_executor(StageContext("decode", spec, spec.stages["decode"], checkpoint, "cpu", 1))
@@ -463,8 +466,8 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
 
     from planner.localplan import cpu_node_plan
     from planner.spec import ModelSpec
-    from worker.runtime import engine as engine_module
-    from worker.runtime import messages as m
+    from worker.runtime import coordinator as engine_module
+    from worker.stages import messages as m
 
     class ImmediateProcess:
         """Reports every stage ready from inside its constructor, as a racing reader can."""
@@ -487,7 +490,7 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
     spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
     monkeypatch.setattr(engine_module, "StageProcess", ImmediateProcess)
     monkeypatch.setattr(engine_module, "_resolve_checkpoint", lambda *a: tmp_path)
-    engine = engine_module.PipelineEngine(spec, spec_path, cpu_node_plan(spec), tmp_path)
+    engine = engine_module.Coordinator(spec, spec_path, cpu_node_plan(spec), tmp_path)
     await asyncio.wait_for(engine.start(lambda _m: None), timeout=10)
     assert engine.status().ready
 
@@ -497,9 +500,9 @@ def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
     sampling reproducible, the chosen token the likeliest at temperature 0 with its rivals in
     order, ``logit_bias`` forcing a token, a JSON ``response_format`` met by random weights, a
     prompt over the context refused."""
+    from worker.contract.grammar import Grammar
+    from worker.contract.sampling import Sampling
     from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
-    from worker.stages.grammar import Grammar
-    from worker.stages.sampling import Sampling
 
     llm = plain_stages["llm"]
 

@@ -1,4 +1,4 @@
-"""The thinker's sampler (worker.stages.sampling) against transformers' own logits processors
+"""The thinker's sampler (worker.contract.sampling) against transformers' own logits processors
 and warpers, and the decode stage's stop texts: what the OpenAI sampling fields do."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from worker.stages.decode import _scan, _Text
-from worker.stages.sampling import (
+from worker.contract.sampling import (
     SamplerState,
     Sampling,
     filtered_probs,
@@ -17,6 +16,7 @@ from worker.stages.sampling import (
     penalise,
     pick,
 )
+from worker.stages.decode import _scan, _Text
 
 
 def logits(seed: int = 0, vocab: int = 64) -> torch.Tensor:

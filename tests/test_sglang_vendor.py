@@ -51,9 +51,9 @@ def test_the_plan_governs_sglangs_memory_on_a_gpu_host() -> None:
     (``max_total_tokens``, which SGLang's profiled pool is then checked against), the spec's
     context (within the checkpoint's trained positions) and the KV cache's dtype."""
     from planner.api import plan_spec
+    from worker.contract.stage_context import StageContext
     from worker.engines import sglang as vendor
     from worker.engines.sglang.engine import EngineSettings, _server_args
-    from worker.stages.base import StageContext
 
     vendor.load()
     planned = plan_spec("configs/models/qwen3-omni-30b-a3b-speech-colocated.yaml", "1xH200-141GB")

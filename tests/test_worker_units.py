@@ -181,10 +181,10 @@ def test_stop_tokens_follow_the_checkpoints_generation_config(tmp_path) -> None:
 
 
 def test_asking_whether_xgrammar_is_there_does_not_import_it() -> None:
-    """A chat request asks; the import takes seconds (worker.stages.grammar.preload does it at
+    """A chat request asks; the import takes seconds (worker.contract.grammar.preload does it at
     start-up)."""
     probe = (
-        "import sys; from worker.stages import grammar; "
+        "import sys; from worker.contract import grammar; "
         "assert grammar.available(); assert 'xgrammar' not in sys.modules; "
         "grammar.preload(); assert 'xgrammar' in sys.modules"
     )

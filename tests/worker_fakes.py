@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from worker.engine import (
+from worker.contract.pipeline import (
     AUDIO_INPUT_RATE,
     AudioChunk,
-    EngineStatus,
     Event,
     Finished,
     GenerationRequest,
+    PipelineStatus,
     ProgressCallback,
     RequestInvalid,
     RequestKind,
@@ -53,8 +53,8 @@ class FakeEngine:
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         return self.limits
 
-    def status(self) -> EngineStatus:
-        return EngineStatus(
+    def status(self) -> PipelineStatus:
+        return PipelineStatus(
             ready=self.ready,
             healthy=self.healthy,
             stages={"thinker": StageLoad(queue_depth=len(self.running), busy=0.0)},

@@ -25,12 +25,12 @@ from planner.spec import Executor, ModelSpec
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
 from worker.api.protocol import worker_http_protocol
-from worker.engine import Engine
+from worker.contract import grammar as grammars
+from worker.contract.pipeline import Pipeline
 from worker.metrics import WorkerMetrics
 from worker.registration import Registrar
 from worker.service import WorkerService, capabilities_of
 from worker.settings import WorkerSettings
-from worker.stages import grammar as grammars
 
 log = logging.getLogger("omni-worker")
 
@@ -150,10 +150,10 @@ def _print_plan(plan: LaunchPlan, settings: WorkerSettings) -> None:
     print_plan(plan, Console(stderr=True, width=120), settings.gpus or "this node")
 
 
-def make_engine(settings: WorkerSettings, planned: Planned) -> Engine:
-    from worker.runtime.engine import PipelineEngine
+def make_engine(settings: WorkerSettings, planned: Planned) -> Pipeline:
+    from worker.runtime.coordinator import Coordinator
 
-    return PipelineEngine(planned.spec, planned.spec_path, planned.node_plan, settings.cache_dir)
+    return Coordinator(planned.spec, planned.spec_path, planned.node_plan, settings.cache_dir)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -175,7 +175,7 @@ class _Server(uvicorn.Server):
 
 
 class Daemon:
-    def __init__(self, settings: WorkerSettings, planned: Planned, engine: Engine) -> None:
+    def __init__(self, settings: WorkerSettings, planned: Planned, engine: Pipeline) -> None:
         self.settings = settings
         self.planned = planned
         self.engine = engine

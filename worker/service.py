@@ -18,7 +18,7 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
-from worker.engine import AUDIO_OUTPUT_RATE, Engine, RequestKind, outputs_of
+from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
 from worker.metrics import AUDIO_KINDS, WorkerMetrics
 from worker.models.registry import Family, family_of
 from worker.settings import WorkerSettings
@@ -140,7 +140,7 @@ class WorkerService:
         self,
         settings: WorkerSettings,
         spec: ModelSpec,
-        engine: Engine,
+        engine: Pipeline,
         worker_id: str,
         metrics: WorkerMetrics | None = None,
     ) -> None:

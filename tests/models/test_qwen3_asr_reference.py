@@ -169,7 +169,7 @@ def test_long_audio_is_cut_where_the_package_cuts(official: dict) -> None:
 def test_transcript_tokens_equal_official(name: str, official: dict) -> None:
     import torch
 
-    from worker.engine import merge_languages
+    from worker.contract.pipeline import merge_languages
     from worker.layers.module_weights import load_into
     from worker.models.qwen3_asr.modeling import Qwen3ASRModel, greedy
     from worker.models.qwen3_asr.processor import ASRProcessor

@@ -14,9 +14,10 @@ import torch
 import yaml
 
 from planner.spec import ModelSpec
+from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import FINAL, RequestMeta, StageContext
+from worker.stages.base import FINAL, RequestMeta
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
 META = RequestMeta("chat", frozenset({"text"}))

@@ -328,9 +328,9 @@ def test_the_thinker_is_asked_to_transcribe_or_translate_in_words(served, transl
     """The exact prompt of ``/v1/audio/transcriptions`` and ``/v1/audio/translations`` on
     Qwen3-Omni: the request's prompt as the system's context, then the clip and the instruction
     in the user's turn (English text whatever the clip's language, for a translation)."""
+    from worker.contract.options import RequestInput, TranscriptionOptions
     from worker.models.qwen3_omni.preprocess import OmniPreprocess
     from worker.models.qwen3_omni.processor import OmniProcessor
-    from worker.stages.request import RequestInput, TranscriptionOptions
 
     pre = OmniPreprocess.__new__(OmniPreprocess)  # (its stage context is not needed here)
     pre.processor = OmniProcessor(served("tiny-omni").checkpoint)  # (the module's checkpoint)

@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from planner.spec import ModelSpec
+from worker.contract.sampling import Sampling
+from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta, StageContext
-from worker.stages.sampling import Sampling
+from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
 FRAMES = 4

@@ -21,9 +21,9 @@ def talker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     import yaml
 
     from planner.spec import ModelSpec
+    from worker.contract.stage_context import StageContext
     from worker.models.checkpoint import resolve_checkpoint
     from worker.models.registry import make_executor
-    from worker.stages.base import StageContext
 
     spec = ModelSpec.model_validate(yaml.safe_load(SPEC.read_text()))
     ck = resolve_checkpoint(spec, SPEC, tmp_path_factory.mktemp("omni"), log=lambda _m: None)
@@ -39,8 +39,8 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
     all at once."""
     import numpy as np
 
+    from worker.contract.sampling import Sampling
     from worker.stages.base import CHUNK, END, INVALID, RequestMeta
-    from worker.stages.sampling import Sampling
 
     cfg, width = talker.config, talker.tc.thinker_hidden_size
     greedy = Sampling(temperature=0.0)

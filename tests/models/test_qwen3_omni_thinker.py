@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from planner.spec import ModelSpec
+from worker.contract.sampling import Sampling
+from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta, StageContext
-from worker.stages.sampling import Sampling
+from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-omni.yaml"
 
@@ -103,7 +104,7 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
 
     from transformers import AutoTokenizer
 
-    from worker.stages.grammar import Grammar
+    from worker.contract.grammar import Grammar
 
     tok = AutoTokenizer.from_pretrained(thinker.ctx.checkpoint)
     for sampling in (Sampling(), Sampling(temperature=1.0, seed=3)):

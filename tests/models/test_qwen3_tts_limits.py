@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.models.tts_stages import loaded_stages, start
+from worker.contract.options import RequestInput
+from worker.contract.sampling import Sampling
 from worker.stages.base import DONE, INVALID, RequestMeta
-from worker.stages.request import RequestInput
-from worker.stages.sampling import Sampling
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts.yaml"

@@ -85,13 +85,13 @@ def _ours(checkpoint: Path, spec_name: str) -> Iterator[tuple]:
     from transformers import AutoTokenizer
 
     from planner.spec import ModelSpec
+    from worker.contract.sampling import Sampling
+    from worker.contract.stage_context import StageContext
     from worker.layers.module_weights import load_into
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
     from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling
     from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
-    from worker.stages.base import StageContext
     from worker.stages.generation_config import read_generation_config
-    from worker.stages.sampling import Sampling
 
     path = ref.REPO / "configs" / "models" / f"{spec_name}.yaml"
     spec = ModelSpec.model_validate(yaml.safe_load(path.read_text()))

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tests.models.tts_stages import loaded_stages, start, step
+from worker.contract.options import RequestInput, SpeechOptions
+from worker.contract.sampling import Sampling
 from worker.stages.base import RequestMeta
-from worker.stages.request import RequestInput, SpeechOptions
-from worker.stages.sampling import Sampling
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts-base.yaml"

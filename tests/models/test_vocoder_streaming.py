@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from planner.spec import ModelSpec
+from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import DONE, OUT, RequestMeta, StageContext
+from worker.stages.base import DONE, OUT, RequestMeta
 from worker.stages.vocoder import Schedule, Stream
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,10 +10,11 @@ from pathlib import Path
 import yaml
 
 from planner.spec import ModelSpec
+from worker.contract.options import RequestInput
+from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages.base import DONE, FINAL, OUT, REQUEST_INPUT, RequestMeta, StageContext
-from worker.stages.request import RequestInput
+from worker.stages.base import DONE, FINAL, OUT, REQUEST_INPUT, RequestMeta
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 
 from fleet.errors import ErrorCode, OmniError
-from worker.engine import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
+from worker.contract.pipeline import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
 
 # Formats we answer in (OpenAI names; "pcm16" is the chat spelling of "pcm").
 OUTPUT_FORMATS = ("wav", "pcm", "pcm16")

@@ -50,7 +50,9 @@ from worker.api.tools import Calls, ToolUse, tool_use
 from worker.api.tools import history as tool_history
 from worker.api.video import decode_video
 from worker.api.voices import resolve_voice
-from worker.engine import (
+from worker.contract import grammar as grammars
+from worker.contract.grammar import Grammar
+from worker.contract.pipeline import (
     AUDIO_INPUT_RATE,
     AudioChunk,
     Finished,
@@ -60,10 +62,8 @@ from worker.engine import (
     TextDelta,
     TokenLogprob,
 )
+from worker.contract.sampling import Sampling
 from worker.service import Ticket, WorkerService
-from worker.stages import grammar as grammars
-from worker.stages.grammar import Grammar
-from worker.stages.sampling import Sampling
 
 router = APIRouter()
 

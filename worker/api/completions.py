@@ -40,7 +40,7 @@ from worker.api.textgen import (
     stops,
     usage,
 )
-from worker.engine import (
+from worker.contract.pipeline import (
     Finished,
     GenerationRequest,
     RequestKind,

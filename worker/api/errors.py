@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from fleet.errors import ErrorCode, OmniError, error_bytes
-from worker.engine import RequestInvalid, StageFailed
+from worker.contract.pipeline import RequestInvalid, StageFailed
 
 log = logging.getLogger(__name__)
 

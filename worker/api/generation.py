@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from worker.api.common import until_disconnect
-from worker.engine import (
+from worker.contract.pipeline import (
     AUDIO_OUTPUT_RATE,
     AudioChunk,
     ClipStart,

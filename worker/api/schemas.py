@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible endpoints. Unknown fields are refused (a typo such
 as ``modality`` must not be silently ignored), and so are values out of range (a 400 naming
-the field). A chat's sampling fields are honoured by the thinker (worker.stages.sampling)."""
+the field). A chat's sampling fields are honoured by the thinker (worker.contract.sampling)."""
 
 from __future__ import annotations
 

@@ -37,10 +37,16 @@ from worker.api.generation import collect, collect_whole, events
 from worker.api.replay import default_seed
 from worker.api.schemas import SpeechBatchRequest, SpeechRequest, SpeechSampling
 from worker.api.voices import resolve_voice_record
-from worker.engine import AudioChunk, Finished, GenerationRequest, RequestKind, StageFailed
+from worker.contract.options import SpeechOptions
+from worker.contract.pipeline import (
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    StageFailed,
+)
+from worker.contract.sampling import Sampling
 from worker.service import Ticket, WorkerService
-from worker.stages.request import SpeechOptions
-from worker.stages.sampling import Sampling
 
 router = APIRouter()
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from fleet.errors import ErrorCode, OmniError
-from worker.engine import AUDIO_OUTPUT_RATE
+from worker.contract.pipeline import AUDIO_OUTPUT_RATE
 
 # response_format -> (container, codec, default sample rate, media type)
 ENCODED = {

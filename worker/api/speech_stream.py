@@ -44,7 +44,7 @@ from worker.api.realtime.endpoint import authorised
 from worker.api.schemas import SPEECH_INPUT_CHARS, Body, SampleRate, SpeechSampling, Voice
 from worker.api.speech import admitted_speech, speech_sampling
 from worker.api.streamed_text import StreamedText
-from worker.engine import AudioChunk, Finished, GenerationRequest, StageFailed
+from worker.contract.pipeline import AudioChunk, Finished, GenerationRequest, StageFailed
 from worker.service import Ticket, WorkerService
 
 router = APIRouter()

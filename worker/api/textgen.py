@@ -15,9 +15,9 @@ from worker.api.common import TrackedStream, until_disconnect
 from worker.api.generation import Collected, collect
 from worker.api.replay import default_seed
 from worker.api.schemas import TextGeneration
-from worker.engine import Finished, GenerationRequest
+from worker.contract.pipeline import Finished, GenerationRequest
+from worker.contract.sampling import Sampling
 from worker.service import Ticket, WorkerService
-from worker.stages.sampling import Sampling
 
 
 def bad(message: str, param: str) -> OmniError:

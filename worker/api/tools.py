@@ -31,7 +31,7 @@ import orjson
 
 from fleet.errors import ErrorCode, OmniError
 from worker.api.schemas import ChatRequest, Message
-from worker.stages.grammar import Grammar, check_schema
+from worker.contract.grammar import Grammar, check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _ANY_OBJECT: dict = {"type": "object"}

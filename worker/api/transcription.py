@@ -33,7 +33,8 @@ from worker.api.errors import from_pydantic, stage_error
 from worker.api.generation import Collected, collect_whole, events
 from worker.api.replay import default_seed, reply_id
 from worker.api.schemas import TranscriptionForm, TranslationForm
-from worker.engine import (
+from worker.contract.options import TranscriptionOptions
+from worker.contract.pipeline import (
     AUDIO_INPUT_RATE,
     Finished,
     GenerationRequest,
@@ -42,9 +43,8 @@ from worker.engine import (
     TextDelta,
     merge_languages,
 )
+from worker.contract.sampling import Sampling
 from worker.service import WorkerService
-from worker.stages.request import TranscriptionOptions
-from worker.stages.sampling import Sampling
 
 router = APIRouter()
 

@@ -21,7 +21,7 @@ from fleet.records import PCM16_24K, Endpoint, VoiceRecord
 from fleet.store import VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from worker.api import audio
 from worker.api.common import read_form, service_of
-from worker.engine import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
+from worker.contract.pipeline import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
 from worker.service import WorkerService
 
 router = APIRouter()

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from worker.stages.grammar import Grammar
-from worker.stages.sampling import Sampling
+from worker.contract.grammar import Grammar
+from worker.contract.sampling import Sampling
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.spec import Executor
+from worker.contract.stage_context import StageContext
 from worker.models import qwen3_asr, qwen3_omni, qwen3_tts
-from worker.stages.base import StageContext, StageExecutor
+from worker.stages.base import StageExecutor
 
 
 @dataclass(frozen=True, slots=True)

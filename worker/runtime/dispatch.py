@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.spec import ModelSpec
-from worker.runtime import messages as m
 from worker.runtime.graph import Route, route
 from worker.runtime.transport import nbytes, pack, unpack
+from worker.stages import messages as m
 from worker.stages.base import RequestMeta, StageExecutor
 
 Edge = tuple[str, str]  # (source stage, target stage)

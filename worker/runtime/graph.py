@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.spec import ModelSpec
-
-REQUEST_INPUT = "request"  # the pseudo-source of the entry stage's input
+from worker.stages.messages import REQUEST_INPUT
 
 
 @dataclass(frozen=True, slots=True)

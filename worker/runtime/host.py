@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.runtime import messages as m
+from worker.stages import messages as m
 
 LOAD_INTERVAL = 0.1  # seconds between load reports
 IDLE_WAIT = 0.05
@@ -103,8 +103,8 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     from transformers.utils import logging as hf_logging
 
     from planner.spec import ModelSpec
+    from worker.contract.stage_context import StageContext
     from worker.models.registry import make_executor
-    from worker.stages.base import StageContext
 
     torch.set_num_threads(cfg.threads)
     if cfg.device.startswith("cuda") and cfg.memory_fraction:

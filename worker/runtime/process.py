@@ -11,8 +11,8 @@ from collections.abc import Callable
 from multiprocessing import forkserver
 from multiprocessing.connection import wait
 
-from worker.runtime import messages as m
 from worker.runtime.host import HostConfig, host_main
+from worker.stages import messages as m
 
 # Stage processes fork from a server that has imported torch and transformers once
 # (worker/runtime/preload.py); "spawn" would import them again in every process.

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from worker.contract.sampling import Sampling
 from worker.engines.base import EngineEvent, EngineRequest
 from worker.stages.base import (
     CHUNK,
@@ -28,7 +29,6 @@ from worker.stages.base import (
     reply_budget,
 )
 from worker.stages.generation_config import sampling_defaults, stop_tokens
-from worker.stages.sampling import Sampling
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ The host hands a request to an executor with ``start`` once all its required inp
 forwards stream chunks with ``feed``/``end_stream``, and calls ``step`` whenever
 ``next_deadline`` says there is work (the executor's scheduler decides what one step is: a
 batch, one decode step of all running requests, ...). ``step`` returns outputs (the kinds of
-``worker.runtime.messages``) that the process hands to the stages they are for: in place when
+``worker.stages.messages``) that the process hands to the stages they are for: in place when
 those run in this process, through the coordinator when they run in another.
 """
 
@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from planner.spec import ModelSpec, StageSpec
+from worker.contract.grammar import Grammar
+from worker.contract.sampling import Sampling
+from worker.contract.stage_context import StageContext
 
 # The output kinds of ``step`` belong to the runtime's one message vocabulary; executors take
 # them from here, with the rest of their interface.
-from worker.runtime.graph import REQUEST_INPUT
-from worker.runtime.messages import CHUNK, DONE, END, ERROR, FINAL, INVALID, OUT, Output
-from worker.stages.grammar import Grammar
-from worker.stages.sampling import Sampling
+from worker.stages.messages import (
+    CHUNK,
+    DONE,
+    END,
+    ERROR,
+    FINAL,
+    INVALID,
+    OUT,
+    REQUEST_INPUT,
+    Output,
+)
 
 In = TypeVar("In")
 
@@ -40,27 +48,8 @@ __all__ = [
     "Output",
     "RequestMeta",
     "RequestPreprocessor",
-    "StageContext",
     "StageExecutor",
 ]
-
-
-@dataclass(slots=True)
-class StageContext:
-    name: str
-    spec: ModelSpec
-    stage: StageSpec
-    checkpoint: Path  # where components and the tokenizer are loaded from
-    device: str  # torch device string: "cpu", "cuda:0"
-    max_running_requests: int  # from the plan (falls back to the spec's engine settings)
-    kv_tokens: int = 0  # the plan's KV capacity in tokens for this stage; 0 = unlimited
-    memory_fraction: float | None = None  # the plan's share of the process's GPU (None: CPU)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def component_dir(self, stage: str | None = None) -> Path:
-        comp = self.spec.stages[stage or self.name].component
-        sub = comp.config_dir if comp else ""
-        return self.checkpoint / sub if sub else self.checkpoint
 
 
 @dataclass(slots=True)

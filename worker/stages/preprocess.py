@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.spec import Executor
+from worker.contract.options import RequestInput
 from worker.stages.base import RequestPreprocessor
-from worker.stages.request import RequestInput
 
 
 def load_tokenizer(ctx) -> Any:

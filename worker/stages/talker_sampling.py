@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from worker.stages.sampling import SamplerState, Sampling, generator, pick
+from worker.contract.sampling import SamplerState, Sampling, generator, pick
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from worker.api.realtime.errors import Code, RealtimeError
 from worker.api.realtime.events import AudioFormatIn, SessionIn, TurnDetectionIn, VoiceId
 from worker.api.realtime.g711 import FORMATS, PCM
-from worker.engine import AUDIO_OUTPUT_RATE
+from worker.contract.pipeline import AUDIO_OUTPUT_RATE
 
 PCM_RATE = AUDIO_OUTPUT_RATE  # input and output audio on the wire: PCM16 mono at 24 kHz
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from worker.api import audio
-from worker.engine import AUDIO_OUTPUT_RATE
+from worker.contract.pipeline import AUDIO_OUTPUT_RATE
 
 G711_RATE = 8_000
 PCM_RATE = AUDIO_OUTPUT_RATE

@@ -11,7 +11,7 @@ from worker.api import audio
 from worker.api.realtime import g711
 from worker.api.realtime.config import PCM_RATE
 from worker.api.realtime.errors import Code, RealtimeError
-from worker.engine import AUDIO_INPUT_RATE
+from worker.contract.pipeline import AUDIO_INPUT_RATE
 
 
 def decode_input(data: str, fmt: str, param: str = "audio") -> bytes:

@@ -21,10 +21,10 @@ from worker.api.speech import speech_generation
 from worker.api.streamed_text import StreamedText
 from worker.api.tools import ToolUse
 from worker.api.voices import resolve_voice
-from worker.engine import GenerationRequest, RequestKind
+from worker.contract import grammar as grammars
+from worker.contract.pipeline import GenerationRequest, RequestKind
+from worker.contract.sampling import Sampling
 from worker.service import WorkerService
-from worker.stages import grammar as grammars
-from worker.stages.sampling import Sampling
 
 
 class SessionState(Protocol):

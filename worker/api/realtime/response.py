@@ -36,8 +36,14 @@ from worker.api.realtime.conversation import spoken_text as spoken_part
 from worker.api.realtime.errors import RealtimeError
 from worker.api.streamed_text import StreamedText
 from worker.api.tools import Calls, ToolUse
-from worker.engine import AudioChunk, Finished, GenerationRequest, RequestInvalid, StageFailed
-from worker.engine import TextDelta as EngineText
+from worker.contract.pipeline import (
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    RequestInvalid,
+    StageFailed,
+)
+from worker.contract.pipeline import TextDelta as EngineText
 from worker.service import Ticket, WorkerService
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from worker.api.generation import collect
 from worker.api.realtime.conversation import new_id
 from worker.api.realtime.errors import RealtimeError
 from worker.api.realtime.response import Channel, SessionClosed
-from worker.engine import GenerationRequest, RequestKind, StageFailed
+from worker.contract.pipeline import GenerationRequest, RequestKind, StageFailed
 
 
 async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> None:

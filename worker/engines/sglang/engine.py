@@ -26,9 +26,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from worker.contract.stage_context import StageContext
 from worker.engines import sglang as vendor
 from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace, TokenLogprob
-from worker.stages.base import StageContext
 
 # SGLang's names for our dtypes
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

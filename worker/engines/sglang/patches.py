@@ -172,7 +172,7 @@ def _repetition_penalty_over_the_prompt() -> None:
     (``sampling/penaltylib/repetition_penalty.py:32-57``: ``_prepare`` starts every row at 1,
     ``_cumulate_output_tokens`` marks each generated token). transformers' processor, which the
     official Qwen packages run, and vLLM count the prompt's tokens too, as the project's torch
-    engine does (``worker/stages/sampling.py``), so the same request would repeat differently on
+    engine does (``worker/contract/sampling.py``), so the same request would repeat differently on
     the two engines. Each row starts with its prompt's tokens marked (the ids before SGLang pads
     a clip or an image: the placeholder tokens, as transformers sees them). Goes when SGLang
     counts the prompt."""

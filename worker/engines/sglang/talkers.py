@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from worker.contract.stage_context import StageContext
 from worker.engines.sglang.engine import EngineSettings, SGLangEngine
-from worker.stages.base import StageContext
 
 
 def talker_engine(

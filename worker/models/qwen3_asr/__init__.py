@@ -6,7 +6,8 @@ optional ``aligner`` stage: Qwen3-ForcedAligner word timestamps, ``aligner``).""
 from __future__ import annotations
 
 from planner.spec import Executor
-from worker.stages.base import StageContext, StageExecutor
+from worker.contract.stage_context import StageContext
+from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_asr"
 

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.contract.options import RequestInput, TranscriptionOptions
+from worker.contract.sampling import Sampling
 from worker.engines.base import EngineRequest
 from worker.layers.stage_weights import torch_dtype
 from worker.models.qwen3_asr.processor import (
@@ -36,8 +38,6 @@ from worker.stages.base import (
     RequestPreprocessor,
     StageExecutor,
 )
-from worker.stages.request import RequestInput, TranscriptionOptions
-from worker.stages.sampling import Sampling
 
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 

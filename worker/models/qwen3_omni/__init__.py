@@ -10,7 +10,8 @@ the vision encoder (``thinker.model.audio_tower`` / ``thinker.model.visual``), t
 from __future__ import annotations
 
 from planner.spec import Executor
-from worker.stages.base import StageContext, StageExecutor
+from worker.contract.stage_context import StageContext
+from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_omni_moe"
 

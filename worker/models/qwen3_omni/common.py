@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.stages.base import StageContext
+from worker.contract.stage_context import StageContext
 
 
 def load(ctx: StageContext) -> tuple[Any, Any]:

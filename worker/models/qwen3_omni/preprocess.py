@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from worker.contract.options import RequestInput, TranscriptionOptions
 from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
 from worker.stages.base import RequestPreprocessor
 from worker.stages.preprocess import completion_ids
-from worker.stages.request import RequestInput, TranscriptionOptions
 
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 TRANSLATE_INSTRUCTION = "Translate the audio into English text."

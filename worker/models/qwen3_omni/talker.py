@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.contract.sampling import SamplerState, Sampling
 from worker.engines.base import EngineRequest
 from worker.layers.stage_weights import LoadReport
 from worker.models.qwen3_omni.common import on_device
@@ -42,7 +43,6 @@ from worker.stages.base import (
     check_prompt,
 )
 from worker.stages.generation_config import read_generation_config
-from worker.stages.sampling import SamplerState, Sampling
 from worker.stages.talker_sampling import TalkerSampling, sampled
 
 DEFAULT_SPEAKER = "ethan"

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from worker.contract.sampling import Sampling
 from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace
 from worker.models.qwen3_omni.media_states import MediaRun, media_runs
 from worker.stages.base import (
@@ -39,7 +40,6 @@ from worker.stages.base import (
     reply_budget,
 )
 from worker.stages.generation_config import sampling_defaults, stop_tokens
-from worker.stages.sampling import Sampling
 from worker.stages.tensor_cache import TensorCache
 
 

@@ -10,7 +10,8 @@ code picks; ``talker_sglang`` the talker on SGLang; the stage executors live in 
 from __future__ import annotations
 
 from planner.spec import Executor
-from worker.stages.base import StageContext, StageExecutor
+from worker.contract.stage_context import StageContext
+from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_tts"
 VOICE_RATE = 24_000  # Hz: the rate at which a cloned voice's reference audio reaches the stages

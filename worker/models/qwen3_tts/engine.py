@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from worker.contract.sampling import SamplerState
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel, speaker_mel
-from worker.stages.sampling import SamplerState
 from worker.stages.talker_sampling import (
     TalkerSampling,
     pick_codes,

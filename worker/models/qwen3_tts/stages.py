@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.contract.options import RequestInput, SpeechOptions
 from worker.layers.stage_weights import torch_dtype
 from worker.models.qwen3_tts import DESIGNED_VOICE, VOICE_DESIGN, VOICE_RATE
 from worker.models.qwen3_tts.voice_cache import VoiceCache
@@ -40,7 +41,6 @@ from worker.stages.base import (
     StageExecutor,
     check_prompt,
 )
-from worker.stages.request import RequestInput, SpeechOptions
 from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from worker.contract.stage_context import StageContext
 from worker.engines.sglang.talkers import (
     handed_over,
     held_tensors,
@@ -51,7 +52,6 @@ from worker.models.qwen3_tts.engine import (
     read_config,
 )
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel
-from worker.stages.base import StageContext
 from worker.stages.talker_sampling import TalkerSampling
 
 ARCHITECTURE = "Qwen3TTSTalkerForSGLang"
@@ -198,8 +198,8 @@ class SGLangTalkerEngine:
         return self.model.tts
 
     def prefill(self, req: TalkerRequest) -> None:
+        from worker.contract.sampling import Sampling
         from worker.engines.base import EngineRequest
-        from worker.stages.sampling import Sampling
 
         req.first, req.rest = req.sampling.states(torch, self.device)
         self.model.states[req.rid] = req

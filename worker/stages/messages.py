@@ -58,3 +58,5 @@ PROGRESS = "progress"
 READY = "ready"
 FATAL = "fatal"
 LOAD = "load"
+
+REQUEST_INPUT = "request"  # the pseudo-source of the entry stage's input

@@ -1,7 +1,7 @@
 """The seam between the HTTP layer and the pipeline runtime.
 
 The API layer turns an HTTP request into a ``GenerationRequest`` and consumes the events that
-``Engine.generate`` yields. Cancelling the consuming task (client disconnect) or closing the
+``Pipeline.generate`` yields. Cancelling the consuming task (client disconnect) or closing the
 iterator aborts the request in every stage and frees its memory.
 """
 
@@ -15,9 +15,9 @@ from typing import Protocol
 import numpy as np
 
 from fleet.records import ProcessMemory
-from worker.stages.grammar import Grammar
-from worker.stages.request import SpeechOptions, TranscriptionOptions
-from worker.stages.sampling import Sampling
+from worker.contract.grammar import Grammar
+from worker.contract.options import SpeechOptions, TranscriptionOptions
+from worker.contract.sampling import Sampling
 
 
 class RequestKind(StrEnum):
@@ -149,7 +149,7 @@ class StageLoad:
 
 
 @dataclass(slots=True)
-class EngineStatus:
+class PipelineStatus:
     ready: bool
     healthy: bool
     stages: dict[str, StageLoad]
@@ -160,14 +160,14 @@ class EngineStatus:
 ProgressCallback = Callable[[str], None]
 
 
-class Engine(Protocol):
+class Pipeline(Protocol):
     async def start(self, progress: ProgressCallback) -> None:
         """Launch every process of the plan; return once every stage reported ready."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
         """Run one request through the pipeline. Raises ``StageFailed`` if a stage dies."""
 
-    def status(self) -> EngineStatus: ...
+    def status(self) -> PipelineStatus: ...
 
     def speakers(self) -> list[str]:
         """Built-in voice names."""

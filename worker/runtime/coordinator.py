@@ -1,4 +1,5 @@
-"""PipelineEngine: the coordinator that implements ``worker.engine.Engine``.
+"""``Coordinator``: runs the stage processes of a node plan as one pipeline (the
+``worker.contract.pipeline.Pipeline`` that the HTTP side drives).
 
 It launches one OS process per ``ProcessPlan`` of the node plan (stages of a process group
 share it), forwards what crosses processes along the request's ``Route`` (final payloads and
@@ -26,13 +27,14 @@ from typing import Any
 from fleet.records import ProcessMemory
 from planner.plan import NodePlan, ProcessPlan
 from planner.spec import Executor, ModelSpec, resolve_model_dir
-from worker.engine import (
+from worker.contract.options import RequestInput
+from worker.contract.pipeline import (
     AudioChunk,
     ClipStart,
-    EngineStatus,
     Event,
     Finished,
     GenerationRequest,
+    PipelineStatus,
     ProgressCallback,
     RequestInvalid,
     StageFailed,
@@ -43,15 +45,15 @@ from worker.engine import (
     outputs_of,
 )
 from worker.models import qwen3_tts
-from worker.runtime import messages as m
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
-from worker.runtime.graph import REQUEST_INPUT, Route, route
+from worker.runtime.graph import Route, route
 from worker.runtime.host import HostConfig
 from worker.runtime.process import StageProcess
 from worker.runtime.transport import pack, refs, release, unpack
+from worker.stages import messages as m
 from worker.stages.base import RequestMeta
-from worker.stages.request import RequestInput
+from worker.stages.messages import REQUEST_INPUT
 
 log = logging.getLogger("omni.worker.runtime")
 
@@ -102,7 +104,7 @@ def _stage_threads(cores: int, cpu_processes: int) -> int:
     return max(1, (cores - 1) // cpu_processes) if cores > 1 else 1
 
 
-class PipelineEngine:
+class Coordinator:
     def __init__(
         self, spec: ModelSpec, spec_path: Path, node_plan: NodePlan, cache_dir: Path
     ) -> None:
@@ -184,7 +186,7 @@ class PipelineEngine:
     def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
         return self._generate(request)
 
-    def status(self) -> EngineStatus:
+    def status(self) -> PipelineStatus:
         stages: dict[str, StageLoad] = {}
         for name in self.spec.stages:
             loads = [r.load.get(name, (0, 0.0)) for r in self._replicas]
@@ -202,7 +204,7 @@ class PipelineEngine:
             detail = detail or "starting"
         if self._stopping:
             detail = "stopped"
-        return EngineStatus(ready, healthy, stages, detail, self._memory())
+        return PipelineStatus(ready, healthy, stages, detail, self._memory())
 
     def _memory(self) -> dict[str, ProcessMemory]:
         """Each stage process's planned memory (per GPU; on the CPU, its stages' host memory)
