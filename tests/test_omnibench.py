@@ -115,6 +115,8 @@ def test_a_run_against_the_fleet_writes_every_figure(omni_fleet: Fleet, tmp_path
             if not row["requests"]:
                 continue
             assert row["success_pct"] == 100.0 and row["throughput_rps"] > 0
+            if row["succeeded"] == row["empty"]:
+                continue  # the tiny model said nothing each time: no latency to check
             assert row["e2e_s"]["p95"] >= row["e2e_s"]["p50"] > 0
             assert row["first_output_s"]["p95"] > 0
             if kind == "chat":
@@ -123,10 +125,12 @@ def test_a_run_against_the_fleet_writes_every_figure(omni_fleet: Fleet, tmp_path
                 assert row["underrun_pct"] is not None and row["audio_s_per_s"] > 0
             if kind in ("speech", "transcription", "realtime"):
                 assert row["rtf"]["p50"] > 0
+    spoken = [r for r in requests if r["kind"] in ("speech", "realtime") and not r["empty"]]
+    assert len(spoken) >= 4, requests  # random weights may say nothing, but not most times
+    for r in spoken:
+        assert 0 < r["first_audio_s"] <= r["e2e_s"] and r["audio_s"] > 0 and r["rtf"] > 0
     for r in requests:
-        if r["kind"] in ("speech", "realtime"):
-            assert 0 < r["first_audio_s"] <= r["e2e_s"] and r["audio_s"] > 0
-        if r["kind"] == "chat":
+        if r["kind"] == "chat" and not r["empty"]:
             assert 0 < r["first_token_s"] <= r["e2e_s"] and r["output_tokens"] >= 1
     html = (out / "report.html").read_text()
     assert "Plotly.newPlot" in html and "plotly.js" in html.lower()

@@ -17,7 +17,7 @@ from prometheus_client import (
 
 from fleet.errors import ErrorCode
 from fleet.records import WorkerStatus
-from worker.engine import RequestKind
+from worker.contract.pipeline import RequestKind
 
 
 class Route(StrEnum):

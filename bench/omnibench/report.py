@@ -56,6 +56,7 @@ def summarize(result: LevelResult, kind: str) -> dict[str, Any]:
         "requests": len(all_),
         "succeeded": len(ok),
         "success_pct": 100.0 * len(ok) / len(all_) if all_ else None,
+        "empty": sum(1 for s in ok if s.empty),
         "throughput_rps": len(ok) / result.wall_s if result.wall_s else None,
         "output_tokens_per_s": sum(of("output_tokens")) / result.wall_s if ok else None,
         "audio_s_per_s": (
@@ -169,6 +170,11 @@ class Report:
             for row in rows:
                 for error, n in row["errors"].items():
                     console.print(f"  {unit} {row['level']:g}: {n} x {error}")
+                if row["empty"]:
+                    console.print(
+                        f"  {unit} {row['level']:g}: {row['empty']} answered with nothing in "
+                        "them (counted as answered, left out of the latencies)"
+                    )
 
     # -- HTML -----------------------------------------------------------------------------
 

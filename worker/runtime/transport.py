@@ -1,7 +1,7 @@
 """Moving payloads between processes: large arrays through shared memory, not pickled pipes.
 
 ``pack`` replaces every numpy array of at least ``SHM_THRESHOLD`` bytes inside a payload (nested
-dicts, lists, tuples and dataclasses such as ``stages.request.RequestInput``) with a ``ShmRef``
+dicts, lists, tuples and dataclasses such as ``contract.options.RequestInput``) with a ``ShmRef``
 to a fresh POSIX shared-memory segment; the pickled message stays small. The receiver's
 ``unpack`` copies the data out. The coordinator sees every message (it routes them) and owns
 the segments' lifetime: it unlinks a request's segments when the request finishes, fails or is
