@@ -19,7 +19,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-_CODE = ("weights.py", "archs/__init__.py", "archs/qwen3_asr.py", "archs/qwen3_tts.py")
+
+def _code(here: Path) -> list[Path]:
+    """The code whose results are cached: the weight counter and every architecture it builds
+    (a family's module in archs/ counts the moment it is there)."""
+    return [here / "weights.py", *sorted((here / "archs").glob("*.py"))]
 
 
 def cache_dir() -> Path | None:
@@ -36,8 +40,8 @@ def cache_dir() -> Path | None:
 def _environment() -> str:
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in _CODE:
-        h.update((here / name).read_bytes())
+    for path in _code(here):
+        h.update(path.read_bytes())
     for dist in ("torch", "transformers"):
         try:
             h.update(f"{dist}={metadata.version(dist)}".encode())

@@ -35,8 +35,8 @@ log = logging.getLogger("omni.router.scaling")
 
 def per_model(entries: list[str]) -> tuple[float, dict[str, float]]:
     """``["8", "tiny-qwen3-tts=4"]`` -> (8.0, {"tiny-qwen3-tts": 4.0}): the default and the
-    models' own values (settings have validated the shape)."""
-    default, models = 0.0, {}
+    models' own values (settings have validated the shape and put a default first)."""
+    default, models = math.nan, {}
     for entry in entries:
         model, _, value = entry.rpartition("=")
         if model:

@@ -6,7 +6,7 @@ from enum import StrEnum
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from fleet.settings import OmniSettings
 
@@ -18,6 +18,10 @@ class Policy(StrEnum):
     ROUND_ROBIN = "round_robin"
     RANDOM = "random"
     HASH = "hash"
+
+
+# the scaling signal's targets for a model without its own (router/scaling.py)
+_SCALE_DEFAULTS = {"scale_in_flight": "8", "scale_first_output_s": "2.0"}
 
 
 class RouterSettings(OmniSettings):
@@ -138,12 +142,12 @@ class RouterSettings(OmniSettings):
 
     # the signal to scale on (router/scaling.py): per model, published in Redis and /metrics
     scale_in_flight: list[str] = Field(
-        default_factory=lambda: ["8"],
+        default_factory=lambda: [_SCALE_DEFAULTS["scale_in_flight"]],
         description="requests one worker should hold: N, or MODEL=N for one model (repeatable)",
         json_schema_extra={"metavar": "TARGET"},
     )
     scale_first_output_s: list[str] = Field(
-        default_factory=lambda: ["2.0"],
+        default_factory=lambda: [_SCALE_DEFAULTS["scale_first_output_s"]],
         description="p50 time to first audio/token to keep under: S, or MODEL=S (repeatable)",
         json_schema_extra={"metavar": "TARGET"},
     )
@@ -186,7 +190,7 @@ class RouterSettings(OmniSettings):
 
     @field_validator("scale_in_flight", "scale_first_output_s")
     @classmethod
-    def _per_model(cls, entries: list[str]) -> list[str]:
+    def _per_model(cls, entries: list[str], info: ValidationInfo) -> list[str]:
         for entry in entries:
             model, eq, value = entry.rpartition("=")
             try:
@@ -195,6 +199,8 @@ class RouterSettings(OmniSettings):
                 ok = False
             if not ok:
                 raise ValueError(f"{entry!r}: give a number above 0, or MODEL=NUMBER")
+        if all("=" in entry for entry in entries):  # only models' own: the others, the default
+            entries = [_SCALE_DEFAULTS[str(info.field_name)], *entries]
         return entries
 
     @model_validator(mode="after")

@@ -90,6 +90,10 @@ def test_each_model_has_its_own_signal_and_targets() -> None:
     settings = _settings("--scale-in-flight", "8", "--scale-in-flight", "tts=2")
     got = _signals(settings, {"a": ("tts", R, 6, None), "b": ("omni", R, 6, None)})
     assert got["tts"].desired_replicas == 3 and got["omni"].desired_replicas == 1
+    # a model's own target alone: the others keep the default (8 requests a worker)
+    settings = _settings("--scale-in-flight", "tts=2")
+    got = _signals(settings, {"a": ("tts", R, 6, None), "b": ("omni", R, 17, None)})
+    assert got["tts"].desired_replicas == 3 and got["omni"].desired_replicas == 3
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
 from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
 from worker.metrics import AUDIO_KINDS, WorkerMetrics
-from worker.models.registry import Family, family_of
+from worker.models.registry import PLAIN, Family, family_of
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -163,16 +163,16 @@ class WorkerService:
         self.created = int(time.time())
 
     @functools.cached_property
-    def family(self) -> Family | None:
-        """The served checkpoint's model family (None: a plain model, or not known): what the
-        speech and transcription endpoints speak beyond the common surface."""
+    def family(self) -> Family:
+        """The served checkpoint's model family (``PLAIN``: a plain model, or not known): what
+        the speech and transcription endpoints speak beyond the common surface."""
         spec_path = getattr(self.engine, "spec_path", None)
         if spec_path is None:
-            return None
+            return PLAIN
         try:
             return family_of(resolve_model_dir(self.spec, spec_path))
         except (OSError, ValueError):
-            return None
+            return PLAIN
 
     # -- admission ---------------------------------------------------------------------------
 

@@ -62,7 +62,7 @@ async def speech_generation(
     """The engine request that speaks ``text``: the voice resolved (built-in or cloned), and
     Qwen3-TTS's instructions and language as its options."""
     family = service.family
-    if family is None or not family.speech_options:
+    if not family.speech_options:
         for field, given in (("instructions", instructions), ("language", language)):
             if given:  # (refused, not ignored)
                 raise OmniError(
@@ -70,10 +70,11 @@ async def speech_generation(
                     f"model {service.spec.name!r} speaks without {field}: only Qwen3-TTS "
                     "models take it", field,
                 )  # fmt: skip
-    rate = family.voice_rate if family is not None else None
-    voice, voice_audio, record = await resolve_voice_record(service, voice_name, param, rate=rate)
+    voice, voice_audio, record = await resolve_voice_record(
+        service, voice_name, param, rate=family.voice_rate
+    )
     options = None
-    if family is not None and family.speech_options:
+    if family.speech_options:
         options = SpeechOptions(
             language=language or None,
             instructions=instructions or None,

@@ -98,9 +98,7 @@ async def speech_stream(websocket: WebSocket) -> None:
         await websocket.close(POLICY_VIOLATION, "missing or wrong worker token")
         return
     family = service.family
-    if Endpoint.SPEECH not in service.capabilities.endpoints or not (
-        family is not None and family.streams_text
-    ):
+    if Endpoint.SPEECH not in service.capabilities.endpoints or not family.streams_text:
         await websocket.close(
             POLICY_VIOLATION, f"model {service.spec.name!r} does not take streamed text"
         )

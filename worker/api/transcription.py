@@ -104,9 +104,7 @@ async def translations(request: Request) -> Response:
     body, upload, _ = _form(await read_form(request), TranslationForm)
     model = service.check_model(body.model)
     family = service.family
-    if Endpoint.TRANSLATION not in service.capabilities.endpoints or not (
-        family is not None and family.translates
-    ):
+    if Endpoint.TRANSLATION not in service.capabilities.endpoints or not family.translates:
         raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not translate")
     clip = await _clip(service, upload)
     options = TranscriptionOptions(prompt=body.prompt or None, translate=True)
@@ -132,7 +130,7 @@ async def transcriptions(request: Request) -> Response:
         raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not transcribe")
     words = _check_granularities(service, body, granularities)
     clip = await _clip(service, upload)
-    timed = service.family is not None and service.family.timed_transcripts
+    timed = service.family.timed_transcripts
     options = TranscriptionOptions(
         language=body.language or None, prompt=body.prompt or None, timestamps=words
     )
@@ -231,7 +229,7 @@ def _check_granularities(service, body: TranscriptionForm, granularities: list[s
             400, ErrorCode.INVALID_REQUEST, "word timestamps are not streamed; drop stream", param
         )
     stages = service.spec.stages.values()
-    timed = service.family is not None and service.family.timed_transcripts
+    timed = service.family.timed_transcripts
     if not timed or not any(s.executor == Executor.ENCODER for s in stages):
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST,

@@ -61,27 +61,21 @@ def resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, log=pr
 
 
 def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> None:
+    import importlib
+
     from transformers.utils import logging as hf_logging
 
+    from worker.models.registry import FAMILIES
+
     hf_logging.disable_progress_bar()
-    from worker.models.qwen3_omni import tiny
-
-    if tiny.is_tiny(model_dir):  # one config for the whole model: the real checkpoint layout
-        tiny.build_checkpoint(model_dir, out, seed)
-        return
-    from worker.models.qwen3_tts import tiny as tts_tiny
-
-    if tts_tiny.is_tiny(model_dir):  # Qwen3-TTS: not in transformers; our classes, its layout
-        tts_tiny.build_checkpoint(model_dir, out, seed)
-        return
-    from worker.models.qwen3_asr import tiny as asr_tiny
-
-    if asr_tiny.is_tiny(model_dir):  # Qwen3-ASR: our classes, the published layout
-        asr_tiny.build_checkpoint(model_dir, out, seed)
-        return
+    for family in FAMILIES.values():
+        builder = importlib.import_module(family.tiny_builder) if family.tiny_builder else None
+        if builder is not None and builder.is_tiny(model_dir):
+            builder.build_checkpoint(model_dir, out, seed)
+            return
     raise ValueError(
-        f"{model_dir}/{SEED_FILE}: no tiny-checkpoint builder knows this model "
-        "(Qwen3-Omni, Qwen3-TTS and Qwen3-ASR have one, under worker/models/)"
+        f"{model_dir}/{SEED_FILE}: no tiny-checkpoint builder knows this model (those of "
+        f"{', '.join(f.name for f in FAMILIES.values() if f.tiny_builder)}, under worker/models/)"
     )
 
 

@@ -3,9 +3,9 @@
 A family is one home under ``worker/models/`` (as SGLang-Omni keeps one folder per model): its
 stage executors and what its API speaks beyond the common surface. The worker's service
 resolves its family once, for the endpoints; each stage process resolves it once, for its
-executors (``make_executor``). A checkpoint of no family is a plain language model, served by
-the generic executors of ``worker.stages`` (its autoregressive stage on SGLang's own model
-class for the checkpoint).
+executors (``make_executor``). A checkpoint of no family is ``PLAIN``: a plain language model,
+served by the generic executors of ``worker.stages`` (its autoregressive stage on SGLang's own
+model class for the checkpoint), with every capability above off.
 """
 
 from __future__ import annotations
@@ -39,9 +39,22 @@ class Family:
     # translation: audio in any language to English text (Qwen3-Omni's thinker does it when
     # asked in words; Qwen3-ASR writes what it hears)
     translates: bool = False
+    # the module that builds the family's embedded tiny checkpoint from a config folder
+    # (``is_tiny(config_dir)``, ``build_checkpoint(config_dir, out, seed)``); imported when a
+    # checkpoint is built (it imports transformers' or the family's model classes)
+    tiny_builder: str = ""
+    # the built-in voices a component's config.json names, where the family names them its own
+    # way (None from it: the common keys, ``speaker_id`` / ``spk_id``)
+    speakers_of: Callable[[dict], list[str] | None] | None = None
 
 
-QWEN3_OMNI = Family("Qwen3-Omni", qwen3_omni.MODEL_TYPE, qwen3_omni.make_executor, translates=True)
+QWEN3_OMNI = Family(
+    "Qwen3-Omni",
+    qwen3_omni.MODEL_TYPE,
+    qwen3_omni.make_executor,
+    translates=True,
+    tiny_builder="worker.models.qwen3_omni.tiny",
+)
 QWEN3_TTS = Family(
     "Qwen3-TTS",
     qwen3_tts.MODEL_TYPE,
@@ -49,32 +62,21 @@ QWEN3_TTS = Family(
     speech_options=True,
     voice_rate=qwen3_tts.VOICE_RATE,
     streams_text=True,
+    tiny_builder="worker.models.qwen3_tts.tiny",
+    speakers_of=qwen3_tts.designed_voices,
 )
 QWEN3_ASR = Family(
     "Qwen3-ASR",
     qwen3_asr.MODEL_TYPE,
     qwen3_asr.make_executor,
     timed_transcripts=True,
+    tiny_builder="worker.models.qwen3_asr.tiny",
 )
 FAMILIES = {f.model_type: f for f in (QWEN3_OMNI, QWEN3_TTS, QWEN3_ASR)}
 
 
-@functools.cache
-def family_of(model_dir: Path) -> Family | None:
-    """The family of the checkpoint (or config directory) at ``model_dir``; None for a plain
-    model or where its config.json cannot be read."""
-    try:
-        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
-    return FAMILIES.get(model_type)
-
-
-def make_executor(ctx: StageContext) -> StageExecutor:
-    """The executor of one stage: its family's, else the generic one of its executor kind."""
-    family = family_of(ctx.checkpoint)
-    if family is not None:
-        return family.make_executor(ctx)
+def _generic_executor(ctx: StageContext) -> StageExecutor:
+    """A plain language model's stage: the generic executor of its executor kind."""
     kind = ctx.stage.executor
     cls: type[StageExecutor]
     if kind == Executor.PREPROCESS:
@@ -92,3 +94,24 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             "has none"
         )
     return cls(ctx)
+
+
+# A checkpoint of no family: a plain language model on the generic executors, speaking the
+# common surface only (every capability above off)
+PLAIN = Family("plain", "", _generic_executor)
+
+
+@functools.cache
+def family_of(model_dir: Path) -> Family:
+    """The family of the checkpoint (or config directory) at ``model_dir``; ``PLAIN`` for a
+    plain model or where its config.json cannot be read."""
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return PLAIN
+    return FAMILIES.get(model_type, PLAIN)
+
+
+def make_executor(ctx: StageContext) -> StageExecutor:
+    """The executor of one stage, as its family makes it."""
+    return family_of(ctx.checkpoint).make_executor(ctx)

@@ -44,7 +44,7 @@ from worker.contract.pipeline import (
     WordTimings,
     outputs_of,
 )
-from worker.models import qwen3_tts
+from worker.models.registry import family_of
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
 from worker.runtime.graph import Route, route
@@ -629,8 +629,10 @@ def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progr
 
 
 def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
-    """Built-in voices: ``speaker_id`` of any component config (as Qwen3-Omni's talker has)."""
+    """Built-in voices: those a component config names (``speaker_id``, as Qwen3-Omni's talker
+    has, or ``spk_id``; or as the family reads them)."""
     root = resolve_model_dir(spec, spec_path)
+    family = family_of(root)
     names: list[str] = []
     for stage in spec.stages.values():
         if stage.component is None:
@@ -640,12 +642,12 @@ def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
             cfg = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        # Qwen3-Omni keeps its speakers in the talker's nested config
-        talker = cfg.get("talker_config") or {}
-        # Qwen3-TTS CustomVoice names them ``spk_id``
-        speakers = cfg.get("speaker_id") or talker.get("speaker_id") or talker.get("spk_id")
-        if cfg.get("tts_model_type") == qwen3_tts.VOICE_DESIGN:
-            speakers = [qwen3_tts.DESIGNED_VOICE]
+        speakers = family.speakers_of(cfg) if family.speakers_of else None
+        if speakers is None:
+            # Qwen3-Omni keeps its speakers in the talker's nested config; Qwen3-TTS
+            # CustomVoice names them ``spk_id``
+            talker = cfg.get("talker_config") or {}
+            speakers = cfg.get("speaker_id") or talker.get("speaker_id") or talker.get("spk_id")
         for name in speakers or {}:
             if name not in names:
                 names.append(name)

@@ -308,7 +308,7 @@ class RealtimeSession:
         the first piece starts a response that speaks it, after what the conversation left
         unspoken; the next ones go on into it until ``input_text_buffer.commit``."""
         family = self.service.family
-        if not speaks_only(self.service) or family is None or not family.streams_text:
+        if not speaks_only(self.service) or not family.streams_text:
             raise RealtimeError(
                 Code.INVALID_REQUEST,
                 f"model {self.model!r} takes no streamed text (a text-to-speech model with a "

@@ -22,6 +22,12 @@ VOICE_DESIGN = "voice_design"  # tts_model_type of a VoiceDesign checkpoint
 DESIGNED_VOICE = "designed"
 
 
+def designed_voices(config: dict) -> list[str] | None:
+    """A VoiceDesign checkpoint's one voice; None for the others (CustomVoice names its
+    speakers ``spk_id``, as the common keys read them)."""
+    return [DESIGNED_VOICE] if config.get("tts_model_type") == VOICE_DESIGN else None
+
+
 def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor
     cls: type[StageExecutor]
