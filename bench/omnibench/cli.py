@@ -22,7 +22,7 @@ from bench.omnibench import report as reports
 from bench.omnibench.loadgen import Plan, run
 from bench.omnibench.prompts import builtin_prompts, read_prompts
 from bench.omnibench.settings import BenchSettings
-from bench.omnibench.workloads import ENDPOINT, Target
+from bench.omnibench.workloads import Target
 from fleet.cli_help import cli_source
 from fleet.redis_server import free_port
 from router.local_fleet import READY_LINE
@@ -92,7 +92,7 @@ def discover(settings: BenchSettings, url: str) -> tuple[Target, dict[str, Any]]
         raise BenchError(f"model {name!r} is not served at {url}: {', '.join(models)}")
     info = models[name]
     endpoints = frozenset((info.get("capabilities") or {}).get("endpoints") or ["chat"])
-    missing = [k.value for k in settings.mix if ENDPOINT[k] not in endpoints]
+    missing = [k.value for k in settings.mix if k.value not in endpoints]
     if missing:
         raise BenchError(
             f"model {name!r} does not serve {', '.join(missing)} (it serves "
@@ -102,7 +102,6 @@ def discover(settings: BenchSettings, url: str) -> tuple[Target, dict[str, Any]]
     target = Target(
         base_url=url,
         model=name,
-        endpoints=endpoints,
         voice=settings.voice or (voices[0] if voices else None),
         headers=headers,
         max_tokens=settings.max_tokens,

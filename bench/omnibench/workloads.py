@@ -24,19 +24,13 @@ from bench.omnibench.prompts import AUDIO_RATE, CLIP_SECONDS, Prompt, speech_pcm
 
 
 class Kind(StrEnum):
+    """A workload; its value is also the endpoint it needs (``fleet.records.Endpoint``, as
+    ``/v1/models`` lists a model's ``capabilities.endpoints``)."""
+
     CHAT = "chat"
     SPEECH = "speech"
     TRANSCRIPTION = "transcription"
     REALTIME = "realtime"
-
-
-# the endpoint (fleet.records.Endpoint value in /v1/models) each kind needs
-ENDPOINT = {
-    Kind.CHAT: "chat",
-    Kind.SPEECH: "speech",
-    Kind.TRANSCRIPTION: "transcription",
-    Kind.REALTIME: "realtime",
-}
 
 
 @dataclass
@@ -79,7 +73,6 @@ class Target:
 
     base_url: str  # http://host:port
     model: str
-    endpoints: frozenset[str]
     voice: str | None
     headers: dict[str, str]
     max_tokens: int
