@@ -192,3 +192,26 @@ def test_a_strict_functions_call_that_does_not_fit_stays_text() -> None:
     assert text == "" and reason == "tool_calls" and len(calls) == 1
     # not strict: the call is the model's, fitting or not
     assert len(whole(bad, use())[1]) == 1
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "where"),
+    [
+        ([], "required", "session.tools"),
+        ([{"type": "function", "name": "f"}] * 2, "auto", "session.tools"),
+        ([{"type": "function", "name": "f"}], {"type": "function", "name": "g"},
+         "session.tool_choice"),
+        ([{"type": "function", "name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "strnig"}}}}], "required",
+         "session.tools.0.parameters"),
+    ],
+)  # fmt: skip
+def test_realtime_tools_are_checked_as_chat_s_and_named_in_the_ga_shape(
+    tools: list[dict], choice: str | dict, where: str
+) -> None:
+    from worker.api.realtime.events import RealtimeError
+    from worker.api.realtime.planning import tool_use as realtime_tool_use
+
+    with pytest.raises(RealtimeError) as err:
+        realtime_tool_use(tools, choice, "session")
+    assert err.value.param == where, err.value

@@ -92,6 +92,45 @@ class ToolUse:
         return Grammar("json_schema", orjson.dumps(schema).decode())
 
 
+class ToolsRefused(ValueError):
+    """Tools that cannot be used as asked: the message, and the field as a path below the
+    request's tools (``tools``, ``tool_choice``, or ``parameters`` of the tool at ``index``);
+    chat and realtime each name the field in their own shape."""
+
+    def __init__(self, message: str, field: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.field, self.index = field, index
+
+
+def checked_tool_use(
+    tools: list[dict], choice: str, named: str | None, parallel: bool, grammars_available: bool
+) -> ToolUse:
+    """``tools`` in chat's shape (``{type, function: {name, ...}}``) with their choice, checked
+    as chat and realtime both check them; ``ToolsRefused`` for what cannot hold."""
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise ToolsRefused("tool function names must be unique", "tools")
+    if named is not None and named not in names:
+        raise ToolsRefused(
+            f"tool_choice names {named!r}, which is not among the tools", "tool_choice"
+        )
+    use = ToolUse(tools, choice, named, parallel)
+    if use.constrained:
+        if not grammars_available:
+            raise ToolsRefused(
+                "tool_choice required or a named function needs xgrammar on this worker "
+                "(pip install 'omni-fleet[worker]')",
+                "tool_choice",
+            )
+        for i, t in enumerate(tools):
+            if t["function"].get("parameters") is not None:
+                try:
+                    check_schema(t["function"]["parameters"])
+                except ValueError as exc:
+                    raise ToolsRefused(f"cannot be held to: {exc}", "parameters", i) from None
+    return use
+
+
 def tool_use(body: ChatRequest, grammars_available: bool) -> ToolUse | None:
     """The request's tools, checked (None: no tools); a 400 naming the field otherwise."""
     if not body.tools:
@@ -100,38 +139,24 @@ def tool_use(body: ChatRequest, grammars_available: bool) -> ToolUse | None:
         if body.parallel_tool_calls is not None:
             raise _bad("parallel_tool_calls needs tools", "parallel_tool_calls")
         return None
-    names = [t.function.name for t in body.tools]
-    if len(set(names)) != len(names):
-        raise _bad("tool function names must be unique", "tools")
     choice, named = "auto", None
     if isinstance(body.tool_choice, str):
         choice = body.tool_choice
     elif body.tool_choice is not None:
         choice, named = "named", body.tool_choice.function.name
-        if named not in names:
-            raise _bad(f"tool_choice names {named!r}, which is not among the tools", "tool_choice")
-    use = ToolUse(
-        [t.model_dump(exclude_none=True) for t in body.tools],
-        choice,
-        named,
-        body.parallel_tool_calls is not False,
-    )
-    if use.constrained:
-        if not grammars_available:
-            raise _bad(
-                "tool_choice required or a named function needs xgrammar on this worker "
-                "(pip install 'omni-fleet[worker]')",
-                "tool_choice",
-            )
-        if body.response_format is not None and body.response_format.type != "text":
-            raise _bad("response_format and a forced tool call cannot both hold", "tool_choice")
-        for i, t in enumerate(body.tools):
-            if t.function.parameters is not None:
-                try:
-                    check_schema(t.function.parameters)
-                except ValueError as exc:
-                    param = f"tools.{i}.function.parameters"
-                    raise _bad(f"{param} cannot be held to: {exc}", param) from None
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    try:
+        use = checked_tool_use(
+            tools, choice, named, body.parallel_tool_calls is not False, grammars_available
+        )
+    except ToolsRefused as refused:
+        if refused.index is None:
+            raise _bad(str(refused), refused.field) from None
+        param = f"tools.{refused.index}.function.{refused.field}"
+        raise _bad(f"{param} {refused}", param) from None
+    forced_format = body.response_format is not None and body.response_format.type != "text"
+    if use.constrained and forced_format:
+        raise _bad("response_format and a forced tool call cannot both hold", "tool_choice")
     return use
 
 

@@ -19,7 +19,7 @@ from worker.api.realtime.input_audio import InputAudioBuffer
 from worker.api.realtime.response import ResponsePlan
 from worker.api.speech import speech_generation
 from worker.api.streamed_text import StreamedText
-from worker.api.tools import ToolUse
+from worker.api.tools import ToolsRefused, ToolUse, checked_tool_use
 from worker.api.voices import resolve_voice
 from worker.contract import grammar as grammars
 from worker.contract.pipeline import GenerationRequest, RequestKind
@@ -59,43 +59,25 @@ def _unspoken_text(items: list[dict]) -> str:
 
 def tool_use(tools: list[dict], choice: str | dict, param: str) -> ToolUse | None:
     """The GA tools and choice of a session or response as the chat's ``ToolUse`` (the same
-    prompt, parsing and grammar as chat's function calling); None: no tools. A ``RealtimeError``
-    naming ``param`` (``session`` / ``response``) for what cannot hold."""
+    prompt, parsing, grammar and checks as chat's function calling); None: no tools. A
+    ``RealtimeError`` naming ``param`` (``session`` / ``response``) for what cannot hold."""
     if not tools:
         if choice not in ("auto", "none"):
             raise RealtimeError(Code.INVALID_REQUEST, "tool_choice needs tools", f"{param}.tools")
         return None
-    names = [t["name"] for t in tools]
-    if len(set(names)) != len(names):
-        raise RealtimeError(Code.INVALID_REQUEST, "tool names must be unique", f"{param}.tools")
     named = choice.get("name") if isinstance(choice, dict) else None
-    if named is not None and named not in names:
-        raise RealtimeError(
-            Code.INVALID_REQUEST,
-            f"tool_choice names {named!r}, which is not among the tools",
-            f"{param}.tool_choice",
-        )
     nested = [
         {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools
     ]
-    use = ToolUse(nested, "named" if named is not None else str(choice), named)
-    if use.constrained:
-        if not grammars.available():
-            raise RealtimeError(
-                Code.INVALID_REQUEST,
-                "tool_choice required or a named function needs xgrammar on this worker",
-                f"{param}.tool_choice",
-            )
-        for i, t in enumerate(tools):
-            if t.get("parameters") is not None:
-                try:
-                    grammars.check_schema(t["parameters"])
-                except ValueError as exc:
-                    where = f"{param}.tools.{i}.parameters"
-                    raise RealtimeError(
-                        Code.INVALID_REQUEST, f"{where} cannot be held to: {exc}", where
-                    ) from None
-    return use
+    kind = "named" if named is not None else str(choice)
+    try:
+        return checked_tool_use(nested, kind, named, True, grammars.available())
+    except ToolsRefused as refused:
+        if refused.index is None:
+            where = f"{param}.{refused.field}"
+            raise RealtimeError(Code.INVALID_REQUEST, str(refused), where) from None
+        where = f"{param}.tools.{refused.index}.{refused.field}"
+        raise RealtimeError(Code.INVALID_REQUEST, f"{where} {refused}", where) from None
 
 
 async def plan_response(
