@@ -95,6 +95,10 @@ class LoadReport(BaseModel):
     active_sessions: int = 0
     ttft_ms: float | None = None  # recent time to first token (p50 of a short window)
     ttfa_ms: float | None = None  # recent time to first audio chunk
+    # recent audio replies (the same window): their real-time factor (p50), and the share of
+    # them a player started at their first chunk would have heard run dry
+    rtf: float | None = None
+    underrun_share: float | None = None
     memory: dict[str, ProcessMemory] = Field(default_factory=dict)  # stage process name ->
     healthy: bool = True
 

@@ -212,6 +212,8 @@ def test_a_person_watching_the_dashboard_sees_the_fleet_live(browser, tmp_path):
         page.wait_for("parseFloat(document.querySelector('#c-rate').innerText) > 0", timeout=20)
         page.wait_for("document.querySelector('#c-lat').innerText.includes('ms')", timeout=20)
         page.wait_for("!!document.querySelector('#routes tr[data-route=speech]')", timeout=30)
+        # the workers' audio replies: real-time factor and underrun share, from their reports
+        page.wait_for("document.querySelector('#workers').innerText.includes('RTF')", timeout=30)
         page.wait_for("parseInt(document.querySelector('#c-errors').innerText) > 0", timeout=30)
         page.wait_for("parseInt(document.querySelector('#c-bindings').innerText) > 0", timeout=30)
         routes = page.text("#routes")

@@ -217,6 +217,11 @@ def test_audio_replies_report_real_time_factor_and_underruns(http: httpx.Client)
     assert _metric(http, "omni_worker_audio_underruns_total" + kind) == underruns + 1
     # the lagging reply took at least 0.9 s for 0.3 s of audio: a factor of 3 or more
     assert _metric(http, "omni_worker_real_time_factor_sum" + kind) - rtf_sum >= 3.0
+    # the load report (routers, the dashboard) carries the recent ones: their median factor
+    # and the share that underran (other tests' replies may be in the window too)
+    load = http.get("/load").json()
+    assert load["rtf"] is not None and load["rtf"] > 0
+    assert 0 < load["underrun_share"] < 1
 
 
 def test_transcription_via_sdk(sdk: openai.OpenAI) -> None:

@@ -70,8 +70,9 @@ class RealtimeHandle(Protocol):
         """Stop the session's response, tell the client, close with 1012; return when closed."""
 
 
-class _Latencies:
-    """Recent samples; the report is the median of what is younger than the window."""
+class _RecentSamples:
+    """Recent samples; the report is their median (or mean) over what is younger than the
+    window."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float]] = deque(maxlen=_LATENCY_SAMPLES)
@@ -79,10 +80,17 @@ class _Latencies:
     def add(self, ms: float) -> None:
         self._samples.append((time.monotonic(), ms))
 
-    def p50(self) -> float | None:
+    def _recent(self) -> list[float]:
         cutoff = time.monotonic() - _LATENCY_WINDOW_S
-        recent = [ms for at, ms in self._samples if at >= cutoff]
+        return [value for at, value in self._samples if at >= cutoff]
+
+    def p50(self) -> float | None:
+        recent = self._recent()
         return round(statistics.median(recent), 2) if recent else None
+
+    def mean(self) -> float | None:
+        recent = self._recent()
+        return round(statistics.fmean(recent), 4) if recent else None
 
 
 @dataclass
@@ -127,11 +135,13 @@ class Ticket:
         if not self.released:
             self.released = True
             if self.audio_s > 0 and self.kind in AUDIO_KINDS:
-                m = self.service.metrics
-                m.rtf.labels(self.kind).observe((self.last_audio_at - self.started) / self.audio_s)
+                m, rtf = self.service.metrics, (self.last_audio_at - self.started) / self.audio_s
+                m.rtf.labels(self.kind).observe(rtf)
                 m.audio_streams.labels(self.kind).inc()
                 if self.underrun:
                     m.underruns.labels(self.kind).inc()
+                self.service.rtfs.add(rtf)
+                self.service.underruns.add(1.0 if self.underrun else 0.0)
             self.service._release(self)
 
 
@@ -156,8 +166,10 @@ class WorkerService:
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
         self.in_flight = 0
         self.waiting: Counter[str] = Counter()  # stage -> admitted engine requests it holds
-        self.ttft = _Latencies()
-        self.ttfa = _Latencies()
+        self.ttft = _RecentSamples()
+        self.ttfa = _RecentSamples()
+        self.rtfs = _RecentSamples()  # audio replies' real-time factors
+        self.underruns = _RecentSamples()  # 1.0 for an audio reply that underran, else 0.0
         self._sessions: dict[str, float] = {}
         self.realtime: set[RealtimeHandle] = set()
         self.created = int(time.time())
@@ -279,6 +291,8 @@ class WorkerService:
             active_sessions=self.active_sessions(),
             ttft_ms=self.ttft.p50(),
             ttfa_ms=self.ttfa.p50(),
+            rtf=self.rtfs.p50(),
+            underrun_share=self.underruns.mean(),
             memory=status.memory,
             healthy=status.healthy and self.status != WorkerStatus.UNHEALTHY,
         )
