@@ -98,6 +98,10 @@ class Metrics:
         self.prefix = {r: dict.fromkeys(PrefixOutcome, 0) for r in PREFIX_ROUTES}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
+        # the first body byte relayed to the client: a stream's first token or audio chunk
+        # (a whole reply's first byte is near its end: its route's duration says the rest)
+        self.first_hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
+        self.first_sum = dict.fromkeys(ROUTES, 0.0)
         self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
         self.failovers = {(r, o.value): 0 for r in ROUTES for o in FailoverOutcome}
         self.replayed_bytes = 0  # generated again by a failover's worker and dropped
@@ -133,6 +137,10 @@ class Metrics:
         self.requests[route, _CLASS_OF[status] if 0 <= status < 1000 else "5xx"] += 1
         self.hist[route][bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[route] += seconds
+
+    def first_byte(self, route: str, seconds: float) -> None:
+        self.first_hist[route][bisect_left(BUCKETS, seconds)] += 1
+        self.first_sum[route] += seconds
 
     def error(self, route: str, code: ErrorCode) -> None:
         self.errors[route, code.value] += 1
@@ -216,18 +224,21 @@ class _Collector:
         )
         c.add_metric([], m.replayed_bytes)
         yield c
-        h = HistogramMetricFamily(
-            "omni_router_request_duration_seconds",
-            "Time from the full request to the end of the response",
-            labels=["route"],
-        )
-        for route, counts in m.hist.items():
-            cumulative, acc = [], 0
-            for bound, n in zip((*BUCKETS, float("inf")), counts, strict=True):
-                acc += n
-                cumulative.append((_le(bound), acc))
-            h.add_metric([route], cumulative, m.hist_sum[route])
-        yield h
+        for name, doc, hist, sums in (
+            ("request_duration_seconds", "Time from the full request to the end of the response",
+             m.hist, m.hist_sum),
+            ("first_byte_seconds",
+             "Time from the full request to the first body byte relayed to the client (a "
+             "stream's first token or audio chunk)", m.first_hist, m.first_sum),
+        ):  # fmt: skip
+            h = HistogramMetricFamily(f"omni_router_{name}", doc, labels=["route"])
+            for route, counts in hist.items():
+                cumulative, acc = [], 0
+                for bound, n in zip((*BUCKETS, float("inf")), counts, strict=True):
+                    acc += n
+                    cumulative.append((_le(bound), acc))
+                h.add_metric([route], cumulative, sums[route])
+            yield h
         c = CounterMetricFamily("omni_router_redis_reconnects", "Redis reconnections")
         c.add_metric([], m.redis_reconnects)
         yield c

@@ -450,6 +450,8 @@ class RequestPath:
                 if d is not None and d.bind_key is not None:
                     self.spawn(self.affinity.unbind(d.bind_key, worker.id))
         self.metrics.request(client.route, status, elapsed)
+        if conn.first_body_at:
+            self.metrics.first_byte(client.route, conn.first_body_at - client.started)
         client.finish()
 
     def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None:

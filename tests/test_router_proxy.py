@@ -97,6 +97,32 @@ def test_chunked_audio_passes_through_incrementally(router: Router) -> None:
     assert t_chunks[-1] - t_chunks[0] > 0.3
 
 
+def _histogram(router: Router, name: str, route: str) -> tuple[float, float]:
+    """(count, sum) of one route's histogram on the router's /metrics."""
+    found = {}
+    for line in httpx.get(router.url + "/metrics", timeout=5).text.splitlines():
+        for part in ("count", "sum"):
+            if line.startswith(f'omni_router_{name}_{part}{{route="{route}"}} '):
+                found[part] = float(line.split()[-1])
+    return found["count"], found["sum"]
+
+
+def test_time_to_first_byte_is_a_histogram_per_route(router: Router) -> None:
+    """A stream of five chunks 150 ms apart: its first byte within a chunk's time, its end
+    after the other four."""
+    first = _histogram(router, "first_byte_seconds", "speech")
+    whole = _histogram(router, "request_duration_seconds", "speech")
+    body = {"model": "fake-model", "input": "hello", "voice": "alloy"}
+    with httpx.stream("POST", router.url + "/v1/audio/speech", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        for _ in r.iter_raw():
+            pass
+    count, seconds = _histogram(router, "first_byte_seconds", "speech")
+    assert count == first[0] + 1 and seconds - first[1] < 0.15
+    count, seconds = _histogram(router, "request_duration_seconds", "speech")
+    assert count == whole[0] + 1 and seconds - whole[1] >= 0.55
+
+
 def test_models_are_merged_over_the_fleet(router: Router) -> None:
     """Each model with what its workers say of it: capabilities and voices, merged."""
     data = httpx.get(router.url + "/v1/models", timeout=5).json()["data"]

@@ -94,6 +94,7 @@ class Upstream(asyncio.BufferedProtocol):
         "client",
         "closed",
         "fail_reason",
+        "first_body_at",
         "head",
         "headers",
         "last_activity",
@@ -132,6 +133,7 @@ class Upstream(asyncio.BufferedProtocol):
         self.closed = False
         self.sent_at = 0.0
         self.last_activity = 0.0
+        self.first_body_at = 0.0  # when the first body byte of the current response was relayed
         self.fail_reason = ""
         self.paused = False  # reading paused for a slow client
         # the code of a 503 that is swallowed (a draining or full worker refused before doing
@@ -220,7 +222,9 @@ class Upstream(asyncio.BufferedProtocol):
         if overrun:
             data = data[:left]
         self.raw_left = left - len(data)
-        self.last_activity = time.monotonic()
+        self.last_activity = now = time.monotonic()
+        if not self.first_body_at:
+            self.first_body_at = now
         client = self.client
         if client is not None:
             transport = client.transport
@@ -286,6 +290,7 @@ class Upstream(asyncio.BufferedProtocol):
         self.head = None
         self.fail_reason = ""
         self.answered = False
+        self.first_body_at = 0.0
         self.sent_at = self.last_activity = time.monotonic()
         self.transport.write(data)  # type: ignore[union-attr]
 
@@ -396,7 +401,9 @@ class Upstream(asyncio.BufferedProtocol):
         client = self.client
         if client is None or self.refused:
             return
-        self.last_activity = time.monotonic()
+        self.last_activity = now = time.monotonic()
+        if not self.first_body_at:
+            self.first_body_at = now
         if self.chunked_out:
             data = b"%x\r\n%b\r\n" % (len(body), body)
             self.last_piece = body  # looked at only if the stream breaks
