@@ -98,8 +98,8 @@ class Metrics:
         self.prefix = {r: dict.fromkeys(PrefixOutcome, 0) for r in PREFIX_ROUTES}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
-        # the first body byte relayed to the client: a stream's first token or audio chunk
-        # (a whole reply's first byte is near its end: its route's duration says the rest)
+        # a stream's first body bytes relayed to the client: its first token or audio chunk
+        # (a whole reply's first byte comes with its last: its duration says it)
         self.first_hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.first_sum = dict.fromkeys(ROUTES, 0.0)
         self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
@@ -228,8 +228,8 @@ class _Collector:
             ("request_duration_seconds", "Time from the full request to the end of the response",
              m.hist, m.hist_sum),
             ("first_byte_seconds",
-             "Time from the full request to the first body byte relayed to the client (a "
-             "stream's first token or audio chunk)", m.first_hist, m.first_sum),
+             "Time from the full request to a stream's first body bytes relayed to the client "
+             "(its first token or audio chunk)", m.first_hist, m.first_sum),
         ):  # fmt: skip
             h = HistogramMetricFamily(f"omni_router_{name}", doc, labels=["route"])
             for route, counts in hist.items():

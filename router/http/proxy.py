@@ -133,7 +133,9 @@ class Upstream(asyncio.BufferedProtocol):
         self.closed = False
         self.sent_at = 0.0
         self.last_activity = 0.0
-        self.first_body_at = 0.0  # when the first body byte of the current response was relayed
+        # when a stream's first body bytes were relayed (chunked to the client; 0: not yet, or
+        # a whole response, whose first byte comes with its last)
+        self.first_body_at = 0.0
         self.fail_reason = ""
         self.paused = False  # reading paused for a slow client
         # the code of a 503 that is swallowed (a draining or full worker refused before doing
@@ -222,9 +224,7 @@ class Upstream(asyncio.BufferedProtocol):
         if overrun:
             data = data[:left]
         self.raw_left = left - len(data)
-        self.last_activity = now = time.monotonic()
-        if not self.first_body_at:
-            self.first_body_at = now
+        self.last_activity = time.monotonic()
         client = self.client
         if client is not None:
             transport = client.transport
@@ -402,9 +402,9 @@ class Upstream(asyncio.BufferedProtocol):
         if client is None or self.refused:
             return
         self.last_activity = now = time.monotonic()
-        if not self.first_body_at:
-            self.first_body_at = now
         if self.chunked_out:
+            if not self.first_body_at:
+                self.first_body_at = now
             data = b"%x\r\n%b\r\n" % (len(body), body)
             self.last_piece = body  # looked at only if the stream breaks
             self.sent += len(body)
