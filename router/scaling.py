@@ -21,7 +21,6 @@ import asyncio
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 
 from redis.exceptions import RedisError
 
@@ -80,7 +79,7 @@ class Scaler:
         self.signals = [self._signal(model, ws) for model, ws in sorted(by_model.items())]
         return self.signals
 
-    def _signal(self, model: str, workers: Iterable[WorkerState]) -> ScaleSignal:
+    def _signal(self, model: str, workers: list[WorkerState]) -> ScaleSignal:
         ready = [w for w in workers if w.routable]
         serving = [
             w for w in workers if w.record.status in (WorkerStatus.READY, WorkerStatus.DRAINING)
