@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -192,13 +193,13 @@ class Report:
             option=orjson.OPT_INDENT_2,
         ).decode()
         return (
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
             "<style>body{font-family:system-ui,sans-serif;margin:2em}"
             "pre{background:#f5f5f5;padding:1em;overflow:auto}</style></head><body>"
-            f"<h1>{_esc(title)}</h1><p>{self.plan.loop.value} loop, levels "
+            f"<h1>{escape(title)}</h1><p>{self.plan.loop.value} loop, levels "
             f"{', '.join(f'{v:g}' for v in self.plan.levels)}; mix "
             f"{', '.join(f'{k.value} {w:g}' for k, w in self.plan.mix.items())}; seed "
-            f"{self.plan.seed}</p>{''.join(parts)}<h2>Figures</h2><pre>{_esc(summary)}</pre>"
+            f"{self.plan.seed}</p>{''.join(parts)}<h2>Figures</h2><pre>{escape(summary)}</pre>"
             "</body></html>"
         )
 
@@ -287,7 +288,3 @@ def _ms(seconds: float | None) -> str:
 
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
