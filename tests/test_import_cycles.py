@@ -139,7 +139,7 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
     - a layer imports one above it (``ABOVE``; ``contract`` and ``layers`` only what is below);
     - a model family imports another family (a shared piece belongs in ``worker.layers``);
     - anything else imports a family but the registry: the API, the runtime and the models'
-      shared modules ask the family record (``worker.models.registry.Family``)."""
+      shared modules ask the family record (``worker.models.family.Family``)."""
     breaks = []
     for module, deps in sorted(graph.items()):
         layer = next((f for f in ABOVE if _under(module, f)), None)

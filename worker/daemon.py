@@ -153,7 +153,13 @@ def _print_plan(plan: LaunchPlan, settings: WorkerSettings) -> None:
 def make_engine(settings: WorkerSettings, planned: Planned) -> Pipeline:
     from worker.runtime.coordinator import Coordinator
 
-    return Coordinator(planned.spec, planned.spec_path, planned.node_plan, settings.cache_dir)
+    return Coordinator(
+        planned.spec,
+        planned.spec_path,
+        planned.node_plan,
+        settings.cache_dir,
+        families=tuple(settings.model_family),
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -379,6 +385,13 @@ class Daemon:
 
 def run(settings: WorkerSettings, overrides: list[str]) -> int:
     """Plan, then serve until SIGTERM. Returns the process exit code."""
+    from worker.models import registry
+
+    try:
+        registry.add(*settings.model_family)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return EXIT_BAD_SPEC
     try:
         planned = plan_node(settings, overrides)
     except StartupError as exc:

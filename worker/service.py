@@ -20,7 +20,8 @@ from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
 from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
 from worker.metrics import AUDIO_KINDS, WorkerMetrics
-from worker.models.registry import PLAIN, Family, family_of
+from worker.models.family import Family
+from worker.models.registry import PLAIN, family_of
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,12 @@ class WorkerSettings(OmniSettings):
         description="spec overrides `<stage>.<field>=<value>`; CLI also takes --<stage>.<field> V",
         json_schema_extra={"metavar": "STAGE.FIELD=VALUE"},
     )
+    model_family: list[str] = Field(
+        default_factory=list,
+        description="a model family kept outside worker/models/: an importable package that "
+        "exports FAMILY (docs/omni-worker.md, adding a model family; repeatable)",
+        json_schema_extra={"metavar": "PACKAGE"},
+    )
     host: str = Field("127.0.0.1", description="address the HTTP API binds")
     port: int = Field(8100, ge=0, le=65535, description="HTTP port (0: pick a free one)")
     advertise_url: str | None = Field(

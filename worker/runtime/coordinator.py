@@ -106,9 +106,17 @@ def _stage_threads(cores: int, cpu_processes: int) -> int:
 
 class Coordinator:
     def __init__(
-        self, spec: ModelSpec, spec_path: Path, node_plan: NodePlan, cache_dir: Path
+        self,
+        spec: ModelSpec,
+        spec_path: Path,
+        node_plan: NodePlan,
+        cache_dir: Path,
+        families: tuple[str, ...] = (),
     ) -> None:
+        """``families``: the packages of model families from outside ``worker/models/`` that
+        the worker added (``registry.add``), for each stage process to add too."""
         self.spec = spec
+        self.families = families
         self.spec_path = Path(spec_path)
         self.node_plan = node_plan
         self.cache_dir = Path(cache_dir)
@@ -540,6 +548,7 @@ class Coordinator:
             kv_tokens={sp.stage: sp.kv_tokens for sp in pp.stages},
             # the caching allocator's cap: the process's planned share of its GPU
             memory_fraction=pp.engine_fraction if pp.device == "gpu" else None,
+            families=self.families,
         )
         loop = self._loop
         assert loop is not None

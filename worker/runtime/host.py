@@ -38,6 +38,7 @@ class HostConfig:
     kv_tokens: dict[str, int] = field(default_factory=dict)  # 0 / absent: no limit
     # the fraction of its GPU the process's caching allocator may hold (the plan's share)
     memory_fraction: float | None = None
+    families: tuple[str, ...] = ()  # model families from outside worker/models/ (registry.add)
 
 
 class _Busy:
@@ -104,7 +105,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
 
     from planner.spec import ModelSpec
     from worker.contract.stage_context import StageContext
-    from worker.models.registry import make_executor
+    from worker.models import registry
 
     torch.set_num_threads(cfg.threads)
     if cfg.device.startswith("cuda") and cfg.memory_fraction:
@@ -113,6 +114,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
         torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_fraction), cfg.device)
     hf_logging.disable_progress_bar()  # stage logs are progress lines, not tqdm bars
     spec = ModelSpec.model_validate_json(cfg.spec_json)
+    registry.add(*cfg.families)
     executors: dict[str, Any] = {}
     for name in cfg.stages:
         stage = spec.stages[name]
@@ -127,7 +129,7 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
             memory_fraction=cfg.memory_fraction,
         )
         outbox.send([(m.PROGRESS, f"{cfg.process}: loading {name}")])
-        ex = make_executor(ctx)
+        ex = registry.make_executor(ctx)
         ex.load()
         outbox.send([(m.PROGRESS, f"{cfg.process}: warming up {name}")])
         ex.warmup()

@@ -4,9 +4,9 @@ What is here, and nowhere else:
 - ``patches``: every patch of SGLang, each with why and the SGLang lines;
 - ``platform``: the out-of-tree platform that runs SGLang's engine on a CPU (CI runs the code
   path a GPU host runs);
-- ``models``: the project's model classes, registered in SGLang's model registry (a class
-  built on a family's own modules lives with its family: the talkers',
-  ``worker/models/qwen3_tts/talker_sglang.py`` and ``worker/models/qwen3_omni/talker_sglang.py``);
+- nothing of a model: a family's model classes live with the family and register themselves in
+  SGLang's model registry when its stage loads (``worker/models/qwen3_omni/thinker_sglang.py``,
+  the ``talker_sglang.py`` of ``qwen3_omni`` and ``qwen3_tts``);
 - ``engine``: SGLang's scheduler run inside a stage process, behind ``worker.engines.base``;
 - ``talkers``: what those talker classes do alike (their engine settings, their prompt rows,
   their picks handed to SGLang's sampler).
@@ -50,10 +50,6 @@ def load() -> ModuleType:
 
     patches.after_import()
     import sglang
-
-    from worker.engines.sglang import models
-
-    models.register()
 
     _loaded = sglang
     return sglang

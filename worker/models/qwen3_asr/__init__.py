@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from planner.spec import Executor
 from worker.contract.stage_context import StageContext
+from worker.models.family import Family
 from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_asr"
@@ -26,3 +27,12 @@ def make_executor(ctx: StageContext) -> StageExecutor:
     from worker.models.qwen3_asr.stages import ASRExecutor
 
     return ASRExecutor(ctx)
+
+
+FAMILY = Family(
+    "Qwen3-ASR",
+    MODEL_TYPE,
+    make_executor,
+    timed_transcripts=True,
+    tiny_builder="worker.models.qwen3_asr.tiny",
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from planner.spec import Executor
 from worker.contract.stage_context import StageContext
+from worker.models.family import Family
 from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -43,3 +44,12 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             "talker, code2wav"
         )
     return cls(ctx)
+
+
+FAMILY = Family(
+    "Qwen3-Omni",
+    MODEL_TYPE,
+    make_executor,
+    translates=True,
+    tiny_builder="worker.models.qwen3_omni.tiny",
+)

@@ -1,5 +1,5 @@
 """Qwen3-Omni's thinker: the MoE language model on SGLang's scheduler (the project's
-``worker.engines.sglang.models.Qwen3OmniThinker`` in SGLang's model registry). The prompt
+``thinker_sglang.Qwen3OmniThinker`` in SGLang's model registry). The prompt
 (token ids, the encoders' outputs from the encoder stages) goes to the engine, tokens stream to
 decode as they come, a given reply (speech of a known text) streams whole, and with speech
 output the talker gets the prompt's token embeddings and its hidden states at the talker's
@@ -63,8 +63,13 @@ class ThinkerExecutor(StageExecutor):
         import torch
         from transformers import Qwen3OmniMoeConfig
 
-        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+        from worker.engines import sglang as vendor
 
+        vendor.load()  # before the thinker's model class imports SGLang
+        from worker.engines.sglang.engine import EngineSettings, SGLangEngine
+        from worker.models.qwen3_omni.thinker_sglang import register
+
+        register()
         self.torch = torch
         ctx = self.ctx
         self.config = Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from planner.spec import Executor
 from worker.contract.stage_context import StageContext
+from worker.models.family import Family
 from worker.stages.base import StageExecutor
 
 MODEL_TYPE = "qwen3_tts"
@@ -43,3 +44,15 @@ def make_executor(ctx: StageContext) -> StageExecutor:
             "preprocess, autoregressive (the talker) and vocoder (the speech tokenizer's decoder)"
         )
     return cls(ctx)
+
+
+FAMILY = Family(
+    "Qwen3-TTS",
+    MODEL_TYPE,
+    make_executor,
+    speech_options=True,
+    voice_rate=VOICE_RATE,
+    streams_text=True,
+    tiny_builder="worker.models.qwen3_tts.tiny",
+    speakers_of=designed_voices,
+)

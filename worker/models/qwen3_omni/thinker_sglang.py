@@ -1,4 +1,4 @@
-"""The project's model classes in SGLang's model registry.
+"""The thinker's model class in SGLang's model registry (registered by the thinker stage).
 
 ``Qwen3OmniThinker`` takes the place of SGLang's ``Qwen3OmniMoeForConditionalGeneration`` (the
 architecture name in a Qwen3-Omni checkpoint's config.json), as SGLang-Omni registers its own:
@@ -82,4 +82,5 @@ class Qwen3OmniThinker(Qwen3OmniMoeForConditionalGeneration):
 
 
 def register() -> None:
+    """The thinker's model class in SGLang's registry (SGLang imported: ``vendor.load``)."""
     ModelRegistry.models["Qwen3OmniMoeForConditionalGeneration"] = Qwen3OmniThinker
