@@ -228,7 +228,7 @@ def _drive_tts(executors: dict, new_tokens: int, concurrency: int) -> None:
     while left:
         for kind, rid, data in talker.step() if talker.next_deadline() is not None else []:
             if kind == "chunk":
-                frames += "codes" in data
+                frames += not data.context
                 vocoder.feed(rid, "tts_engine", data)
             elif kind == "end":
                 vocoder.end_stream(rid, "tts_engine", data)
@@ -314,9 +314,9 @@ def _thinker_at(thinker, concurrency: int, prompt_tokens: int, new_tokens: int, 
     left, tokens = concurrency, 0
     while left:
         for kind, rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
-            if kind == "chunk" and payload["tokens"]:
+            if kind == "chunk" and payload.tokens:
                 first.setdefault(rid, time.perf_counter() - t0)
-                tokens += len(payload["tokens"])
+                tokens += len(payload.tokens)
             elif kind == "done":
                 left -= 1
     wall = time.perf_counter() - t0

@@ -22,6 +22,7 @@ from worker.runtime import transport
 from worker.runtime.graph import route
 from worker.stages.base import BatchQueue, RequestMeta, StageExecutor
 from worker.stages.messages import REQUEST_INPUT
+from worker.stages.payloads import TokenPiece
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_PATH = REPO / "configs" / "models" / "tiny-omni.yaml"
@@ -355,7 +356,7 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plai
     for _ in range(100):
         for kind, rid, data in llm.step():  # both requests share each decode step
             if kind == CHUNK:
-                tokens[rid] += data["tokens"]
+                tokens[rid] += data.tokens
                 dec.feed(rid, "llm", data)
             elif kind == END:
                 dec.end_stream(rid, "llm", data)
@@ -418,7 +419,7 @@ def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Pat
     dec.start("r", RequestMeta("chat", frozenset({"text"})), {})
     deltas: list[str] = []
     for b in text.encode():  # byte-level ids: one byte per token
-        dec.feed("r", "thinker", {"tokens": [b]})
+        dec.feed("r", "thinker", TokenPiece([b]))
         deltas += [d[1] for kind, _, d in dec.step() if kind == OUT]
     dec.end_stream("r", "thinker", {"finish_reason": "stop"})
     outs = dec.step()
@@ -519,7 +520,7 @@ def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
         return [d for kind, _, d in run(meta) if kind == CHUNK]
 
     def tokens(sampling: Sampling) -> list[int]:
-        return [t for d in chunks(sampling=sampling) for t in d["tokens"]]
+        return [t for d in chunks(sampling=sampling) for t in d.tokens]
 
     greedy = tokens(Sampling(temperature=0))
     assert len(greedy) == 12  # (random weights never reach the end token first)
@@ -536,14 +537,14 @@ def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
     forced = (greedy[0] + 1) % 256
     assert set(tokens(Sampling(temperature=0, logit_bias=((forced, 100.0),)))) == {forced}
     listed = chunks(sampling=Sampling(temperature=0), logprobs=3)
-    assert [d["tokens"][0] for d in listed] == greedy
+    assert [d.tokens[0] for d in listed] == greedy
     for d in listed:
-        ((chosen, top),) = d["logprobs"]
-        assert top[0][0] == d["tokens"][0] and top[0][1] == pytest.approx(chosen, abs=1e-4)
+        ((chosen, top),) = d.logprobs
+        assert top[0][0] == d.tokens[0] and top[0][1] == pytest.approx(chosen, abs=1e-4)
         assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
     text = bytes(t for d in chunks(sampling=Sampling(temperature=1.0, top_k=0, top_p=1.0, seed=3),
                                    grammar=Grammar("json"), max_tokens=200)
-                 for t in d["tokens"])  # fmt: skip
+                 for t in d.tokens)  # fmt: skip
     json.loads(text)  # valid JSON, as response_format json_object promises
     outs = run(RequestMeta("chat", frozenset({"text"})), ids=tuple(range(4096)))
     assert [(kind, rid) for kind, rid, _ in outs] == [(INVALID, "r")]

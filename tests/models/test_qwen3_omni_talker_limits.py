@@ -18,6 +18,7 @@ from planner.spec import ModelSpec
 from worker.contract.sampling import Sampling
 from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
+from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
 from worker.models.registry import make_executor
 from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
 
@@ -45,8 +46,8 @@ def _reply(talker, rid: str, words: int) -> None:
     meta = RequestMeta("chat", frozenset({"audio"}), speech_sampling=Sampling(temperature=0.0))
     talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
     zeros = np.zeros((len(ids), talker.tc.thinker_hidden_size), np.float32)
-    first = {"prompt_embed": zeros, "prompt_hidden": zeros, "tts_embeds": zeros[:3]}
-    talker.feed(rid, "thinker", {"tokens": [11] * 6, "embeds": zeros[:6], **first})
+    first = TalkerPrompt(zeros, zeros, zeros[:3])
+    talker.feed(rid, "thinker", ThinkerPiece([11] * 6, embeds=zeros[:6], talker_prompt=first))
     talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
     talker.pending[-1].max_new = FRAMES
 

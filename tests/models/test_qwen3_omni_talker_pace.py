@@ -40,6 +40,7 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
     import numpy as np
 
     from worker.contract.sampling import Sampling
+    from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
     from worker.stages.base import CHUNK, END, INVALID, RequestMeta
 
     cfg, width = talker.config, talker.tc.thinker_hidden_size
@@ -60,10 +61,11 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
         rng = np.random.default_rng(n)
         prompt = rng.standard_normal((2, len(ids), width)).astype(np.float32)
         embeds = rng.standard_normal((tokens, width)).astype(np.float32)
-        first = {"prompt_embed": prompt[0], "prompt_hidden": prompt[1], "tts_embeds": embeds[:3]}
+        first = TalkerPrompt(prompt[0], prompt[1], embeds[:3])
         given = 2 if paced else tokens
-        talker.feed(rid, "thinker", {"tokens": list(range(11, 11 + given)),
-                                     "embeds": embeds[:given], **first})  # fmt: skip
+        piece = ThinkerPiece(list(range(11, 11 + given)), embeds=embeds[:given])
+        piece.talker_prompt = first
+        talker.feed(rid, "thinker", piece)
         streams[rid] = [embeds, given]
     out: dict[str, Any] = {}
     read: dict[str, int] = {}  # the text positions each reply's talker read
@@ -71,7 +73,7 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
         for rid, stream in streams.items():
             embeds, fed = stream
             if fed < len(embeds):
-                talker.feed(rid, "thinker", {"tokens": [11 + fed], "embeds": embeds[fed : fed + 1]})
+                talker.feed(rid, "thinker", ThinkerPiece([11 + fed], embeds=embeds[fed : fed + 1]))
             elif fed == len(embeds):
                 talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
             stream[1] = fed + 1
@@ -83,7 +85,7 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
             }
         for kind, rid, data in talker.step():
             if kind == CHUNK:
-                out.setdefault(rid, []).append(data["codes"].tolist())
+                out.setdefault(rid, []).append(data.codes.tolist())
             elif kind == END:
                 read[rid] = data["text_tokens_read"]
             elif kind == INVALID:

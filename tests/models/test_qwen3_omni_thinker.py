@@ -65,24 +65,24 @@ def test_requests_wait_for_room_in_the_kv_pool(thinker) -> None:
     assert "exceeds the context length" in outs[0][2]
 
 
-def run(thinker, rid: str, meta: RequestMeta) -> list[dict]:
+def run(thinker, rid: str, meta: RequestMeta) -> list:
     thinker.start(rid, meta, prompt(8))
     return [data for kind, r, data in drain(thinker) if kind == CHUNK and r == rid]
 
 
 def test_logit_bias_and_logprobs(thinker) -> None:
     greedy = [t for c in run(thinker, "g", RequestMeta("chat", frozenset({"text"}), 6))
-              for t in c["tokens"]]  # fmt: skip
+              for t in c.tokens]  # fmt: skip
     forced = greedy[0] + 1
     meta = RequestMeta("chat", frozenset({"text"}), 6,
                        sampling=Sampling(logit_bias=((forced, 100.0),)))  # fmt: skip
-    assert {t for c in run(thinker, "b", meta) for t in c["tokens"]} == {forced}
+    assert {t for c in run(thinker, "b", meta) for t in c.tokens} == {forced}
     meta = RequestMeta("chat", frozenset({"text"}), 6, logprobs=3)
-    chunks = [c for c in run(thinker, "l", meta) if c["tokens"]]
-    assert [c["tokens"][0] for c in chunks] == greedy
+    chunks = [c for c in run(thinker, "l", meta) if c.tokens]
+    assert [c.tokens[0] for c in chunks] == greedy
     for c in chunks:
-        ((lp, rivals),) = c["logprobs"]
-        assert len(rivals) == 3 and rivals[0] == (c["tokens"][0], pytest.approx(lp))
+        ((lp, rivals),) = c.logprobs
+        assert len(rivals) == 3 and rivals[0] == (c.tokens[0], pytest.approx(lp))
         assert lp <= 0 and rivals[0][1] >= rivals[1][1] >= rivals[2][1]
 
 
@@ -110,12 +110,12 @@ def test_a_json_schema_is_met_by_a_random_weight_model(thinker) -> None:
     for sampling in (Sampling(), Sampling(temperature=1.0, seed=3)):
         meta = RequestMeta("chat", frozenset({"text"}), 64, sampling=sampling,
                            grammar=Grammar("json_schema", json.dumps(SCHEMA)))  # fmt: skip
-        tokens = [t for c in run(thinker, "j", meta) for t in c["tokens"]]
+        tokens = [t for c in run(thinker, "j", meta) for t in c.tokens]
         doc = json.loads(tok.decode(tokens, skip_special_tokens=True))
         assert set(doc) == {"color", "size", "ok"} and isinstance(doc["ok"], bool)
         assert doc["color"] in ("red", "green", "blue") and doc["size"] in ("S", "M", "L")
     meta = RequestMeta("chat", frozenset({"text"}), 24, grammar=Grammar("json"))
-    text = tok.decode([t for c in run(thinker, "o", meta) for t in c["tokens"]])
+    text = tok.decode([t for c in run(thinker, "o", meta) for t in c.tokens])
     assert text.startswith("{")  # (a free JSON object may not end within 24 tokens)
 
 
@@ -128,7 +128,7 @@ def test_penalties_change_the_greedy_reply_and_count_the_prompt(thinker) -> None
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     text = frozenset({"text"})
-    greedy = [t for c in run(thinker, "p", RequestMeta("chat", text, 24)) for t in c["tokens"]]
+    greedy = [t for c in run(thinker, "p", RequestMeta("chat", text, 24)) for t in c.tokens]
     assert len(set(greedy)) < len(greedy), greedy  # the random model repeats itself
     penalized = {}
     for name, sampling in (
@@ -137,7 +137,7 @@ def test_penalties_change_the_greedy_reply_and_count_the_prompt(thinker) -> None
         ("repetition", Sampling(repetition_penalty=1.8)),
     ):
         meta = RequestMeta("chat", text, 24, sampling=sampling)
-        penalized[name] = [t for c in run(thinker, name, meta) for t in c["tokens"]]
+        penalized[name] = [t for c in run(thinker, name, meta) for t in c.tokens]
         assert penalized[name] != greedy, name
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         thinker.ctx.checkpoint, dtype=torch.float32
@@ -162,15 +162,15 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     outs = drain(thinker)
     head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p2")
     done = next(d for kind, rid, d in outs if kind == DONE and rid == "p2")
-    assert head["cached_tokens"] == done["cached_tokens"] == 50
+    assert head.cached_tokens == done["cached_tokens"] == 50
     assert done["prompt_tokens"] == 53
     spoken = RequestMeta("chat", frozenset({"text", "audio"}), max_tokens=2,
                          stream_targets=("decode", "talker"))  # fmt: skip
     thinker.start("p3", spoken, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
     outs = drain(thinker)
     head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p3")
-    assert head["cached_tokens"] == 52  # (all but the last: its logits start the reply)
-    assert head["prompt_hidden"].shape[0] == head["prompt_embed"].shape[0] == 53
+    assert head.cached_tokens == 52  # (all but the last: its logits start the reply)
+    assert head.talker_prompt.hidden.shape[0] == head.talker_prompt.embeds.shape[0] == 53
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(thinker) -> None:
@@ -198,7 +198,7 @@ def test_seeded_draws_do_not_depend_on_the_batch(thinker) -> None:
     samples a batch (a greedy one, a top-k one; and a long prompt's chunks mixed in)."""
     sampled = RequestMeta("chat", frozenset({"text"}), 24,
                           sampling=Sampling(temperature=1.0, seed=21))  # fmt: skip
-    alone = [t for c in run(thinker, "s1", sampled) for t in c["tokens"]]
+    alone = [t for c in run(thinker, "s1", sampled) for t in c.tokens]
     thinker.start("g", RequestMeta("chat", frozenset({"text"}), 24), prompt(12, first=140))
     thinker.start("k", RequestMeta("chat", frozenset({"text"}), 24,
                                    sampling=Sampling(temperature=1.0, top_k=5, seed=2)),
@@ -206,5 +206,5 @@ def test_seeded_draws_do_not_depend_on_the_batch(thinker) -> None:
     thinker.start("s2", sampled, prompt(8))
     thinker.start("long", RequestMeta("chat", frozenset({"text"}), 2), prompt(200, first=95))
     beside = [t for kind, rid, d in drain(thinker) if kind == CHUNK and rid == "s2"
-              for t in d["tokens"]]  # fmt: skip
+              for t in d.tokens]  # fmt: skip
     assert beside == alone and len(set(alone)) > 3

@@ -17,6 +17,7 @@ from tests.models.tts_stages import loaded_stages, start, step
 from worker.contract.options import RequestInput
 from worker.contract.sampling import Sampling
 from worker.stages.base import REQUEST_INPUT, RequestMeta
+from worker.stages.payloads import TextPiece
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-qwen3-tts.yaml"
@@ -45,7 +46,7 @@ def _speak(stages: dict, rid: str, pieces: list[str], every: int, sampling: Samp
     while not done:
         if n % every == 0 and not ended:
             if left:
-                talker.feed(rid, REQUEST_INPUT, {"text": left.pop(0)})
+                talker.feed(rid, REQUEST_INPUT, TextPiece(left.pop(0)))
             else:
                 talker.end_stream(rid, REQUEST_INPUT, {})
                 ended = True

@@ -25,6 +25,7 @@ from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
 from worker.stages.base import DONE, OUT, RequestMeta
+from worker.stages.payloads import CodeFrames
 from worker.stages.vocoder import Schedule, Stream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def stream(ex, codes: np.ndarray, context: np.ndarray | None = None, seed: int =
     meta = RequestMeta("speech", frozenset({"audio"}))
     ex.start("r", meta, {})
     if context is not None:
-        ex.feed("r", "talker", {"context": context})
+        ex.feed("r", "talker", CodeFrames(context, context=True))
     rng = np.random.default_rng(seed)
     pcm: list[bytes] = []
     done = False
@@ -68,7 +69,7 @@ def stream(ex, codes: np.ndarray, context: np.ndarray | None = None, seed: int =
     at = 0
     while at < len(codes):
         n = int(rng.integers(1, 8))
-        ex.feed("r", "talker", {"codes": codes[at : at + n]})
+        ex.feed("r", "talker", CodeFrames(codes[at : at + n]))
         at += n
         run()
     ex.end_stream("r", "talker", {})
@@ -168,7 +169,7 @@ def test_streams_decoded_together_equal_each_alone(cache: Path) -> None:
         ex.start(f"r{i}", meta, {})
     for at in range(0, 130, 5):  # every stream gets 5 frames, then the stage steps
         for i in range(3):
-            ex.feed(f"r{i}", "talker", {"codes": codes[i][at : at + 5]})
+            ex.feed(f"r{i}", "talker", CodeFrames(codes[i][at : at + 5]))
         for kind, rid, data in ex.step():
             if kind == OUT:
                 pcm[rid].append(data[1].tobytes())

@@ -57,7 +57,7 @@ def step(stages: dict, rid: str, pcm: list[bytes]) -> tuple[bool, bool]:
     if talker.next_deadline() is not None:
         for kind, _, data in talker.step():
             if kind == "chunk":
-                frame |= "codes" in data
+                frame |= not data.context
                 vocoder.feed(rid, "tts_engine", data)
             elif kind == "end":
                 vocoder.end_stream(rid, "tts_engine", data)

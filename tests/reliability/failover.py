@@ -1,12 +1,16 @@
 """Streams watched through a fault: a greedy chat stream, a seeded sampled one and a streamed
 pcm speech, pinned (by session key) to the worker the scenario breaks. Each is first served
-undisturbed for its reference; then all three run, the fault is injected once every one of them
-is part way, and each must still end whole and equal to its reference (text delta for delta,
-audio byte for byte): the router resumed it on another worker (docs/reliability.md)."""
+undisturbed for its reference; then all three run, the worker is frozen once every one of them
+is part way, and the fault comes only where the freeze left every stream cut short (what the
+worker had sent reached the client, and none is whole): each stream's rest must come from
+another worker. Each must still end whole and equal to its reference (text delta for delta,
+audio byte for byte): the router resumed every one of them (docs/reliability.md)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,18 +24,22 @@ from tests.reliability.load import MODEL, VOICE
 
 PROMPT = [{"role": "user", "content": "tell me a long story about omni fleets"}]
 SPEECH_TEXT = "omni fleet router worker audio " * 4
+CHAT_TOKENS = 384  # (the fleet's workers allow 512; fleet.py)
 STREAMS = (
     ("greedy chat", "/v1/chat/completions",
      {"model": MODEL, "messages": PROMPT, "temperature": 0, "stream": True,
-      "stream_options": {"include_usage": True}}),
+      "max_tokens": CHAT_TOKENS, "stream_options": {"include_usage": True}}),
     ("seeded chat", "/v1/chat/completions",
-     {"model": MODEL, "messages": PROMPT, "temperature": 1.0, "seed": 11, "stream": True}),
+     {"model": MODEL, "messages": PROMPT, "temperature": 1.0, "seed": 11, "stream": True,
+      "max_tokens": CHAT_TOKENS}),
     ("speech pcm", "/v1/audio/speech",
      {"model": MODEL, "input": SPEECH_TEXT, "voice": VOICE, "response_format": "pcm",
       "stream": True, "seed": 12}),
 )  # fmt: skip
 # how far each stream must be before the fault: SSE events, or audio pieces
 PART_WAY = {"greedy chat": 4, "seeded chat": 4, "speech pcm": 1}
+# how long a frozen worker's last bytes may take to reach the client through the router
+SETTLE_S = 0.5
 
 
 @dataclass
@@ -113,13 +121,11 @@ def resumed(fleet: Fleet) -> int:
 
 
 def check_resumed(fleet: Fleet, before: int, watched: list[Watched]) -> int:
-    """The fault found the watched streams running: the routers resumed some of them elsewhere
-    (``Watched.check`` finds each equal to its undisturbed run). Not necessarily all: a client
-    reads behind its worker, and a stream whose worker had sent the whole reply before the
-    fault (the router holding the rest) has nothing left to resume (seen once in a full run:
-    2 of 3 resumed, the speech whole). How many streams resumed since ``before``."""
+    """Every watched stream was cut short by the fault (``watch_through`` saw to it) and ended
+    whole (``Watched.check``): the routers resumed each on another worker, with the victim's
+    other streams. How many streams resumed since ``before``."""
     n = resumed(fleet) - before
-    assert n >= 1, (n, [w.name for w in watched])
+    assert n >= len(watched), (n, [w.name for w in watched])
     return n
 
 
@@ -132,13 +138,15 @@ def references(fleet: Fleet, session: str) -> list[Watched]:
 
 
 def watch_through(
-    fleet: Fleet, session: str, streams: list[Watched], fault: Callable[[], None]
+    fleet: Fleet, session: str, streams: list[Watched], pid: int, fault: Callable[[], None]
 ) -> tuple[float, Callable[[], None]]:
-    """The ``streams`` of ``session`` (bound to the worker that ``fault`` breaks) all at once,
-    with ``fault()`` once each is part way. (The time of the fault, a call that waits until
-    every stream has ended.) A round in which a stream ended before the others were part way
-    (its timing is the loaded fleet's) is let finish and run again, three rounds at most: a
-    fault must find every stream running."""
+    """The ``streams`` of ``session`` (bound to the worker whose HTTP process is ``pid``) all
+    at once; once each is part way the worker is frozen (SIGSTOP: nothing more leaves it) and,
+    after ``SETTLE_S`` for what it had sent to reach the client, ``fault()`` comes while it is
+    still frozen. A round in which a stream was whole by then (its timing is the loaded
+    fleet's) is thawed, let finish and run again, three rounds at most: the fault must cut
+    every stream short. (The time of the fault, a call that waits until every stream has
+    ended.)"""
     router = fleet.routers[0].url
 
     def run(w: Watched) -> None:
@@ -162,14 +170,16 @@ def watch_through(
             w.progress >= PART_WAY[w.name] or w.finished for w in streams
         ):
             time.sleep(0.001)
-        # (checked before the fault, which the caller undoes only once this returns)
-        early = {w.name: bytes(w.data[-300:]) for w in streams if w.finished}
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(SETTLE_S)
+        whole = {w.name: bytes(w.data[-300:]) for w in streams if w.finished}
         progress = {w.name: w.progress for w in streams}
-        if not early:
+        if not whole:
             break
+        os.kill(pid, signal.SIGCONT)
         for t in threads:
             t.join(120)
-    assert not early, f"ended before the fault, so not resumed: {early} (at {progress})"
+    assert not whole, f"whole before the fault, so not resumed: {whole} (at {progress})"
     at = time.monotonic()
     fault()
 

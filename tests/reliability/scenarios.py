@@ -105,7 +105,7 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
     load = Load(fleet.router_urls, fleet.auth, n=150, rate=15, seed=seed, sessions=SESSIONS)
     load.start()
     load.wait_done(40)
-    killed, streams_ended = failover.watch_through(fleet, pinned, watched, w.kill)
+    killed, streams_ended = failover.watch_through(fleet, pinned, watched, w.pid, w.kill)
     fleet.retire(victim)
     recovery = _time_until(
         lambda: all(victim not in fleet.routable(r) for r in fleet.routers),
@@ -216,7 +216,7 @@ def worker_hung(fleet: Fleet, seed: int = 3, stopped_s: float = 5.0) -> Result:
     load.start()
     load.wait_done(30)
     stopped, streams_ended = failover.watch_through(
-        fleet, pinned, watched, lambda: fleet.signal_tree(w, signal.SIGSTOP)
+        fleet, pinned, watched, w.pid, lambda: fleet.signal_tree(w, signal.SIGSTOP)
     )
     try:
         out_s = _time_until(

@@ -54,6 +54,7 @@ from worker.runtime.transport import pack, refs, release, unpack
 from worker.stages import messages as m
 from worker.stages.base import RequestMeta
 from worker.stages.messages import REQUEST_INPUT
+from worker.stages.payloads import TextPiece
 
 log = logging.getLogger("omni.worker.runtime")
 
@@ -386,7 +387,7 @@ class Coordinator:
                 if req.closed:
                     return
                 if piece:
-                    chunk = {"text": piece}
+                    chunk = TextPiece(piece)
                     self._send(req, reader, (m.CHUNK, reader, req.rid, REQUEST_INPUT, chunk))
                     self._flush(req.replica)
         except Exception as exc:  # the client's text source broke: the request cannot go on

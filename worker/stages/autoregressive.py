@@ -29,6 +29,7 @@ from worker.stages.base import (
     reply_budget,
 )
 from worker.stages.generation_config import sampling_defaults, stop_tokens
+from worker.stages.payloads import TokenPiece
 
 
 @dataclass(slots=True)
@@ -113,12 +114,12 @@ class LanguageModelExecutor(StageExecutor):
         outs: list[Output] = []
         tokens, logprobs = ev.reply(self.eos)
         for k, token in enumerate(tokens):
-            data: dict[str, Any] = {"tokens": [token]}
+            piece = TokenPiece([token])
             if not r.started and k == 0:
-                data |= {"prompt_tokens": r.prompt_len, "cached_tokens": ev.cached_tokens}
+                piece.prompt_tokens, piece.cached_tokens = r.prompt_len, ev.cached_tokens
             if logprobs:
-                data["logprobs"] = [(logprobs[k].logprob, list(logprobs[k].top))]
-            outs.append((CHUNK, rid, data))
+                piece.logprobs = [(logprobs[k].logprob, list(logprobs[k].top))]
+            outs.append((CHUNK, rid, piece))
         r.started = r.started or bool(outs)
         r.generated += len(outs)
         if ev.finish is not None:

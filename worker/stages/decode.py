@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.stages.base import DONE, OUT, Output, RequestMeta, StageExecutor
+from worker.stages.payloads import TokenPiece
 from worker.stages.preprocess import load_tokenizer
 
 
@@ -67,10 +68,11 @@ class DecodeExecutor(StageExecutor):
     def feed(self, rid: str, src: str, data: Any) -> None:
         t = self.reqs.get(rid)
         if t is not None:
-            t.tokens.extend(data["tokens"])
-            t.logprobs.extend(data.get("logprobs", ()))
-            t.prompt_tokens = data.get("prompt_tokens", t.prompt_tokens)
-            t.cached_tokens = data.get("cached_tokens", t.cached_tokens)
+            piece: TokenPiece = data
+            t.tokens.extend(piece.tokens)
+            t.logprobs.extend(piece.logprobs)
+            if piece.prompt_tokens is not None:
+                t.prompt_tokens, t.cached_tokens = piece.prompt_tokens, piece.cached_tokens
             t.cuts.append(len(t.tokens))
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:

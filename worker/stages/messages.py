@@ -3,7 +3,7 @@ the stage processes say to each other (plain tuples of strings and payloads: che
 
 A stage executor's ``step`` returns outputs ``(kind, rid, payload)``:
   (FINAL, rid, payload)     its final payload, along ``next`` edges
-  (CHUNK, rid, data)        one chunk, along ``stream_to`` edges
+  (CHUNK, rid, data)        one chunk, along ``stream_to`` edges (``payloads.py``'s types)
   (END, rid, info)          the stream along ``stream_to`` edges is complete
   (OUT, rid, what)          client output (terminals), ``what`` one of
                             ("text", str[, logprobs]) | ("audio", int16 ndarray)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.stages.base import DONE, OUT, Output, RequestMeta, StageExecutor
+from worker.stages.payloads import CodeFrames
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,12 +342,17 @@ class VocoderExecutor(StageExecutor):
         self.streams.setdefault(rid, Stream())
 
     def feed(self, rid: str, src: str, data: Any) -> None:
+        frames: CodeFrames = data
+        if frames.context:
+            self.hide(rid, frames.codes)
+            return
         s = self.streams.get(rid)
         if s is not None:
-            s.frames.extend(np.asarray(data["codes"], dtype=np.int64))
+            s.frames.extend(np.asarray(frames.codes, dtype=np.int64))
 
     def hide(self, rid: str, frames: Any) -> None:
-        """Frames decoded before the stream's own, their audio never sent."""
+        """Frames decoded before the stream's own, their audio never sent (a cloned voice's
+        reference codes: the package decodes the reference and the reply in one sequence)."""
         s = self.streams.get(rid)
         if s is not None:
             if s.done:

@@ -31,6 +31,7 @@ from worker.contract.sampling import SamplerState, Sampling
 from worker.engines.base import EngineRequest
 from worker.layers.stage_weights import LoadReport
 from worker.models.qwen3_omni.common import on_device
+from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
 from worker.models.qwen3_omni.talker_sglang import register, sglang_model_dir
 from worker.stages.base import (
     CHUNK,
@@ -43,6 +44,7 @@ from worker.stages.base import (
     check_prompt,
 )
 from worker.stages.generation_config import read_generation_config
+from worker.stages.payloads import CodeFrames
 from worker.stages.talker_sampling import TalkerSampling, sampled
 
 DEFAULT_SPEAKER = "ethan"
@@ -74,7 +76,7 @@ class _Request:
     max_new: int
     first_picks: SamplerState  # how its first codes are picked
     rest_picks: SamplerState  # how the code predictor's are
-    first: dict[str, Any] | None = None  # the thinker's prompt states
+    first: TalkerPrompt | None = None  # the thinker's prompt states
     tokens: list[int] = field(default_factory=list)
     embeds: list[Any] = field(default_factory=list)  # thinker embeddings of the reply (rows)
     ended: bool = False
@@ -140,8 +142,8 @@ class TalkerExecutor(StageExecutor):
         ids += [self.config.im_start_token_id, self.config.assistant_token_id, 10]
         self.start("warmup", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
         zeros = np.zeros((len(ids), th), np.float32)
-        first = {"prompt_embed": zeros, "prompt_hidden": zeros, "tts_embeds": zeros[:3]}
-        self.feed("warmup", "thinker", {"tokens": [1, 2], "embeds": zeros[:2], **first})
+        first = TalkerPrompt(zeros, zeros, zeros[:3])
+        self.feed("warmup", "thinker", ThinkerPiece([1, 2], embeds=zeros[:2], talker_prompt=first))
         self.end_stream("warmup", "thinker", {"finish_reason": "stop"})
         self.pending[0].max_new = 3
         while self.pending or self.running:
@@ -172,11 +174,12 @@ class TalkerExecutor(StageExecutor):
         r = self._find(rid)
         if r is None:
             return
-        if "prompt_embed" in data:
-            r.first = data
-        r.tokens.extend(data["tokens"])
-        if data.get("embeds") is not None:
-            r.embeds.extend(self.torch.as_tensor(data["embeds"]))
+        piece: ThinkerPiece = data
+        if piece.talker_prompt is not None:
+            r.first = piece.talker_prompt
+        r.tokens.extend(piece.tokens)
+        if piece.embeds is not None:
+            r.embeds.extend(self.torch.as_tensor(piece.embeds))
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
         r = self._find(rid)
@@ -261,8 +264,8 @@ class TalkerExecutor(StageExecutor):
         assert first is not None
         ids = torch.tensor(r.prompt["input_ids"], device=dev)
         n = ids.shape[0]
-        embed = on_device(first["prompt_embed"], dev, dtype)
-        hidden = on_device(first["prompt_hidden"], dev, dtype)
+        embed = on_device(first.embeds, dev, dtype)
+        hidden = on_device(first.hidden, dev, dtype)
         cfg = self.config
         # the role of each position: the token after the last <|im_start|> at or before it
         at = torch.arange(n, device=dev)
@@ -282,7 +285,7 @@ class TalkerExecutor(StageExecutor):
         reply = on_device(r.embeds[0], dev, dtype)[None]
         assistant = self.talker.text_projection(torch.cat([embed[a:], reply]))[:4]
         r.text_read = 1  # (the reply's first token is the prompt's last position)
-        tts = self.talker.text_projection(on_device(first["tts_embeds"], dev, dtype))
+        tts = self.talker.text_projection(on_device(first.tts_embeds, dev, dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = tts[0], tts[1], tts[2]
         text = torch.cat(
             [assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]]
@@ -379,7 +382,7 @@ class TalkerExecutor(StageExecutor):
         for r in fed:
             if r.frame is None:
                 raise RuntimeError(f"talker request {r.rid} was not stepped")
-            outs.append((CHUNK, r.rid, {"codes": r.frame}))
+            outs.append((CHUNK, r.rid, CodeFrames(r.frame)))
             r.frame = None
             r.frames += 1
             r.pos += 1

@@ -28,6 +28,7 @@ from typing import Any
 from worker.contract.sampling import Sampling
 from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace
 from worker.models.qwen3_omni.media_states import MediaRun, media_runs
+from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -203,20 +204,16 @@ class ThinkerExecutor(StageExecutor):
         if ev.finish == "abort":
             self._forget(r)
             return [(INVALID, r.rid, f"{self.ctx.name}: {ev.error}")]
-        for_talker: dict[str, Any] = {}
+        talker_prompt: TalkerPrompt | None = None
         if r.to_talker and not r.started:
-            states = self._prompt_for_talker(r)
-            if states is None:  # a media run's states are gone: the prompt again, whole
+            talker_prompt = self._prompt_for_talker(r)
+            if talker_prompt is None:  # a media run's states are gone: the prompt again, whole
                 self._again_whole(r)
                 return []
-            for_talker = states
         outs: list[Output] = []
         tokens, logprobs = ev.reply(self.eos)
-        first: dict[str, Any] = {}
-        if not r.started:
-            r.started = True
-            first = {"prompt_tokens": r.prompt_len, "cached_tokens": ev.cached_tokens}
-            first.update(for_talker)
+        first = not r.started
+        r.started = True
         if r.forced is not None:  # speech: the reply is given, streamed whole
             pieces: list[list[int]] = [list(r.forced)]
             logprobs = []
@@ -225,16 +222,19 @@ class ThinkerExecutor(StageExecutor):
             pieces = [[t] for t in tokens]
         if first and not pieces:
             pieces = [[]]  # the prompt's data goes out even when no token came with it
-        for k, piece in enumerate(pieces):
-            data: dict[str, Any] = {"tokens": piece, **(first if k == 0 else {})}
+        for k, tokens_k in enumerate(pieces):
+            piece = ThinkerPiece(tokens_k)
+            if first and k == 0:
+                piece.prompt_tokens, piece.cached_tokens = r.prompt_len, ev.cached_tokens
+                piece.talker_prompt = talker_prompt
             if logprobs:
                 lp = logprobs[k]
-                data["logprobs"] = [(lp.logprob, list(lp.top))]
+                piece.logprobs = [(lp.logprob, list(lp.top))]
             if r.to_talker:
-                ids = self.torch.tensor([piece], dtype=self.torch.long, device=self.ctx.device)
-                data["embeds"] = self.embed(ids)[0]
-            r.generated += len(piece)
-            outs.append((CHUNK, r.rid, data))
+                ids = self.torch.tensor([tokens_k], dtype=self.torch.long, device=self.ctx.device)
+                piece.embeds = self.embed(ids)[0]
+            r.generated += len(tokens_k)
+            outs.append((CHUNK, r.rid, piece))
         if ev.finish is not None:
             self._forget(r)
             info = {
@@ -246,7 +246,7 @@ class ThinkerExecutor(StageExecutor):
             outs += [(END, r.rid, info), (DONE, r.rid, info)]
         return outs
 
-    def _prompt_for_talker(self, r: _Request) -> dict[str, Any] | None:
+    def _prompt_for_talker(self, r: _Request) -> TalkerPrompt | None:
         """The prompt's token embeddings and hidden states, one row per position; None when
         a media run was served from the prefix cache and its states were not kept. The text
         positions that the prefix cache served have no hidden states, which the talker does
@@ -274,7 +274,7 @@ class ThinkerExecutor(StageExecutor):
             self.media_states.put(key, hidden[start : end + 1])
         ids = torch.tensor(r.ids, device=dev)
         tts = self.embed(torch.tensor(self.tts_ids, device=dev))
-        return {"prompt_embed": self.embed(ids), "prompt_hidden": hidden, "tts_embeds": tts}
+        return TalkerPrompt(self.embed(ids), hidden, tts)
 
     def _multimodal(self, ids: list[int], p: dict[str, Any]) -> Any:
         """The encoders' outputs as SGLang's ``MultimodalInputs`` (None: a text prompt)."""

@@ -41,6 +41,7 @@ from worker.stages.base import (
     StageExecutor,
     check_prompt,
 )
+from worker.stages.payloads import CodeFrames, TextPiece
 from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
 
 
@@ -216,7 +217,8 @@ class TTSEngineExecutor(StageExecutor):
         """More of a streamed text (from the request: ``GenerationRequest.text_stream``)."""
         r = self._find(rid)
         if r is not None:
-            r.text += data["text"]
+            piece: TextPiece = data
+            r.text += piece.text
             self._give(r)
 
     def end_stream(self, rid: str, src: str, info: dict[str, Any]) -> None:
@@ -286,7 +288,7 @@ class TTSEngineExecutor(StageExecutor):
         if ref_codes is not None:
             # The reference codes precede the new ones in the decode (as the model decodes a
             # clone: reference + generated, the reference's share of the samples cut off).
-            return [(CHUNK, r.rid, {"context": np.asarray(ref_codes, dtype=np.int64)})]
+            return [(CHUNK, r.rid, CodeFrames(np.asarray(ref_codes, dtype=np.int64), True))]
         return []
 
     def _build(self, r: _Req) -> list[Output]:
@@ -362,7 +364,7 @@ class TTSEngineExecutor(StageExecutor):
             for req, f in self.engine.step([r.engine_req for r in live]):
                 r = self.running[req.rid]
                 r.frames += 1
-                outs.append((CHUNK, r.rid, {"codes": f.cpu().numpy()[None].astype(np.int64)}))
+                outs.append((CHUNK, r.rid, CodeFrames(f.cpu().numpy()[None].astype(np.int64))))
         for r in list(self.running.values()):
             if r.engine_req.done:
                 del self.running[r.rid]
@@ -415,11 +417,3 @@ class TTSVocoderExecutor(VocoderExecutor):
             wav = self.model(torch.zeros(1, groups, 2, dtype=torch.long, device=self.ctx.device))
         if wav.shape[-1] != 2 * self.model.total_upsample:  # (no lag: every sample streams)
             raise RuntimeError(f"the decoder gave {wav.shape[-1]} samples for 2 frames")
-
-    def feed(self, rid: str, src: str, data: Any) -> None:
-        if "context" in data:
-            # a cloned voice's reference codes: decoded first, as the package decodes the
-            # reference and the reply in one sequence, and their audio never sent
-            self.hide(rid, data["context"])
-        else:
-            super().feed(rid, src, data)

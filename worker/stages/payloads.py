@@ -1,0 +1,44 @@
+"""What stages stream to each other (``CHUNK`` along ``stream_to`` edges), typed.
+
+A payload crosses processes as it is (``worker.runtime.transport`` packs dataclasses, their
+large arrays through shared memory; torch tensors arrive as numpy arrays). A family that
+streams more than these subclasses them (Qwen3-Omni's ``ThinkerPiece``), so that a generic
+stage downstream reads what it knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# one token's log probability with its likeliest rivals: (logprob, [(token id, logprob)])
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+@dataclass(slots=True)
+class TokenPiece:
+    """A piece of a reply from an autoregressive stage: one token, or a given reply whole (to
+    decode, and to a talker)."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # per token, when asked
+    # the reply's first piece: its prompt's tokens and those the prefix cache served
+    prompt_tokens: int | None = None
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class CodeFrames:
+    """Codec frames from a talker to its vocoder: int64 (frames, code groups).
+    ``context``: a cloned voice's reference frames, decoded before the reply's own (as the
+    model decodes a clone) and never heard."""
+
+    codes: Any
+    context: bool = False
+
+
+@dataclass(slots=True)
+class TextPiece:
+    """More of a speech request's text as the client writes it (to the talker)."""
+
+    text: str
