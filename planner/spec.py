@@ -149,8 +149,10 @@ class StageSpec(Strict):
     stream_to: list[str] = Field(default_factory=list, description="streaming edges")
     wait_for: list[str] = Field(default_factory=list, description="fan-in: inputs to merge")
     terminal: bool = False
-    only_for_output: list[Literal["text", "audio"]] = Field(
-        default_factory=list, description="run only when the request asks for these outputs"
+    only_for_output: list[Literal["text", "audio", "words"]] = Field(
+        default_factory=list,
+        description="run only when the request asks for these outputs (words: the word "
+        "timestamps of synthesized speech, an aligner stage)",
     )
     tp_size: int = Field(1, ge=1)
     dtype: DType = DType.BF16

@@ -194,7 +194,8 @@ def _telephone(pcm: bytes, fmt: str) -> bytes:
 def test_speech_sample_rates_telephony_formats_and_voice_objects(fleet: FamilyFleet) -> None:
     """sample_rate resamples (wav says its rate), mulaw / alaw are G.711 at 8 kHz whole and
     streamed, the voice may come as {"id": name}; what a format cannot carry is a 400 naming
-    sample_rate."""
+    sample_rate; word timestamps without an aligner stage are a 400 naming word_timestamps
+    (tests/test_speech_word_timestamps.py times words on a spec with one)."""
     sdk = fleet.sdk()
     voice = sdk.models.retrieve("tiny-qwen3-tts").model_dump()["voices"][0]
     body = {"model": "tiny-qwen3-tts", "input": "Hello.", "voice": voice, "temperature": 0}
@@ -225,6 +226,9 @@ def test_speech_sample_rates_telephony_formats_and_voice_objects(fleet: FamilyFl
         refused = speak(response_format=fmt, sample_rate=rate)
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "sample_rate", refused.text
+    refused = speak(response_format="pcm", word_timestamps=True)
+    assert refused.status_code == 400 and "no aligner stage" in refused.text, refused.text
+    assert refused.json()["error"]["param"] == "word_timestamps", refused.text
 
 
 def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> None:

@@ -176,6 +176,12 @@ class WorkerService:
         self.created = int(time.time())
 
     @functools.cached_property
+    def times_speech_words(self) -> bool:
+        """Whether the spec has a stage that times the words of synthesized speech (an aligner
+        that runs for the ``words`` output)."""
+        return any("words" in s.only_for_output for s in self.spec.stages.values())
+
+    @functools.cached_property
     def family(self) -> Family:
         """The served checkpoint's model family (``PLAIN``: a plain model, or not known): what
         the speech and transcription endpoints speak beyond the common surface."""

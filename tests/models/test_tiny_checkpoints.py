@@ -34,7 +34,7 @@ def build(config_dir: Path, out: Path) -> dict[str, torch.Tensor]:
     dirt = [torch.full((n,), float("nan")) for n in (64, 512, 4096, 32768) for _ in range(64)]
     del dirt
     seed = int(json.loads((config_dir / SEED_FILE).read_text())["seed"])
-    _build_seeded(ModelSpec.model_construct(name=config_dir.name), config_dir, out, seed)
+    _build_seeded(ModelSpec.model_construct(name=config_dir.name, stages={}), config_dir, out, seed)
     return tensors(out)
 
 

@@ -214,6 +214,10 @@ class SpeechRequest(SpeechSampling):
     language: str | None = Field(None, max_length=32, description="Qwen3-TTS: a language name")
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool = False
+    # the words of the synthesized speech with their times (a spec with an aligner stage):
+    # the X-Word-Timestamps header of a whole response, a speech.audio.word_timestamps event
+    # with stream_format sse
+    word_timestamps: bool = False
 
 
 class SpeechItem(Body):

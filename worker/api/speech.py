@@ -4,7 +4,10 @@ G.711 mulaw / alaw), or streamed while the vocoder produces it (``stream_format:
 ``speech.audio.delta`` events, each the next bytes of the response format, raw pcm16 for wav).
 ``sample_rate`` resamples (worker.api.speech_formats); ``speed`` is applied as a tempo change
 (pitch kept); ``instructions`` and ``language`` reach models that take them (Qwen3-TTS) and are
-refused (400) by the others.
+refused (400) by the others. ``word_timestamps`` (specs with an aligner stage): the words of the
+synthesized speech with their times in seconds of the audio as sent (``speed`` applied), in
+the ``X-Word-Timestamps`` header (JSON, ASCII) of a whole response or a
+``speech.audio.word_timestamps`` event before ``speech.audio.done``.
 
 POST /v1/audio/speech/batch: several inputs in one request, generated together by the engine
 (their talker steps run as one batch); the answer lists each input's audio, base64-encoded."""
@@ -12,6 +15,7 @@ POST /v1/audio/speech/batch: several inputs in one request, generated together b
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 from typing import Any
 
@@ -44,6 +48,7 @@ from worker.contract.pipeline import (
     GenerationRequest,
     RequestKind,
     StageFailed,
+    WordTimings,
 )
 from worker.contract.sampling import Sampling
 from worker.service import Ticket, WorkerService
@@ -110,10 +115,13 @@ async def speech(request: Request) -> Response:
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", "input")
     fmt = body.response_format
     rate = speech_formats.output_rate(fmt, body.sample_rate)
+    streamed = body.stream or body.stream_format == "audio"
+    check_word_timestamps(service, body.word_timestamps, streamed and body.stream_format != "sse")
     gen, ticket = await admitted_speech(
         service, session_of(request), body.input, body.voice, body.instructions, body.language
     )
     gen.speech_sampling = speech_sampling(request, body)
+    gen.word_timestamps = body.word_timestamps
     if body.stream_format == "sse":
         return TrackedStream(
             _sse_stream(service, gen, ticket, fmt, body.speed, rate),
@@ -121,7 +129,7 @@ async def speech(request: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    if body.stream or body.stream_format == "audio":
+    if streamed:
         return TrackedStream(
             _audio_stream(service, gen, ticket, fmt, body.speed, rate),
             ticket,
@@ -131,10 +139,43 @@ async def speech(request: Request) -> Response:
     result = await collect_whole(request, service, gen, ticket)
     if result is None:
         return closed_response()
+    headers = {}
+    if body.word_timestamps:  # (JSON's ASCII escapes: a header value is latin-1)
+        words = word_entries(result.words, body.speed)
+        headers["X-Word-Timestamps"] = json.dumps(words, separators=(",", ":"))
     return Response(
         _whole(bytes(result.pcm16), fmt, body.speed, rate),
         media_type=speech_formats.media_type(fmt),
+        headers=headers,
     )
+
+
+def check_word_timestamps(service: WorkerService, asked: bool, raw_stream: bool) -> None:
+    """``word_timestamps`` is refused (400) where the spec cannot time words, and on a raw
+    audio stream (nothing after the audio could carry them)."""
+    if not asked:
+        return
+    if not service.times_speech_words:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"model {service.spec.name!r} has no aligner stage to time the words of its speech "
+            "(serve a spec with one, such as qwen3-tts-12hz-0.6b-aligned)", "word_timestamps",
+        )  # fmt: skip
+    if raw_stream:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            "word_timestamps come with a whole response (the X-Word-Timestamps header) or "
+            "with stream_format sse, not on a raw audio stream", "word_timestamps",
+        )  # fmt: skip
+
+
+def word_entries(words: list[tuple[str, float, float]], speed: float) -> list[dict[str, Any]]:
+    """The aligner's words as the client hears them: times in the audio as sent (its tempo
+    changed by ``speed``)."""
+    return [
+        {"word": w, "start": round(start / speed, 3), "end": round(end / speed, 3)}
+        for w, start, end in words
+    ]
 
 
 async def admitted_speech(
@@ -282,6 +323,7 @@ async def _sse_stream(
 ):
     done = False
     finished = Finished("stop")
+    words: list[tuple[str, float, float]] = []
     out = speech_formats.Output(fmt, speed, rate)  # (wav: raw pcm16, no header in events)
     try:
         async with events(service, gen) as stream:
@@ -296,6 +338,8 @@ async def _sse_stream(
                             {"type": "speech.audio.delta", "audio": data}
                         )
                         yield b"\n\n"
+                elif isinstance(event, WordTimings):
+                    words += event.words
                 elif isinstance(event, Finished):
                     finished = event
         tail = out.close()
@@ -303,6 +347,9 @@ async def _sse_stream(
             data = base64.b64encode(tail).decode()
             yield b"data: " + orjson.dumps({"type": "speech.audio.delta", "audio": data})
             yield b"\n\n"
+        if gen.word_timestamps:
+            stamps = {"type": "speech.audio.word_timestamps", "words": word_entries(words, speed)}
+            yield b"data: " + orjson.dumps(stamps) + b"\n\n"
         usage: dict[str, Any] = {
             "input_tokens": finished.prompt_tokens,
             "output_tokens": finished.completion_tokens,

@@ -10,16 +10,19 @@ Client -> worker (JSON text frames):
 
 - ``{"type": "speech.create", "voice", "model"?, "input"?, "language"?, "instructions"?,
   "response_format"? (pcm, mulaw, alaw), "sample_rate"?, "temperature"?, "top_p"?, "top_k"?,
-  "repetition_penalty"?, "seed"?}``: an utterance begins (``input``: its first text, if any);
+  "repetition_penalty"?, "seed"?, "word_timestamps"?}``: an utterance begins (``input``: its
+  first text, if any; ``word_timestamps``, with a spec that has an aligner stage: the words
+  spoken, with their times, in ``speech.audio.done``);
 - ``{"type": "input_text.delta", "delta": "..."}``: more of its text;
 - ``{"type": "input_text.done"}``: its text is complete.
 
 Worker -> client: ``speech.created {id, response_format, sample_rate}``, then
 ``speech.audio.delta {id, audio}`` (base64 of the next bytes: pcm16 mono at the sample rate, 24
 kHz unless asked, or G.711 at 8 kHz) as the vocoder makes it, then ``speech.audio.done {id,
-usage}``; after that the next ``speech.create`` may come. A mistake is an ``error`` event
-(``{"error": {code, message, param}}``) and the socket stays open; a wrong worker token or a
-model without streamed text closes it (1008). The router routes the socket like ``/v1/realtime``.
+usage, words?}`` (``words``: ``[{word, start, end}]`` in seconds, when asked); after that the
+next ``speech.create`` may come. A mistake is an ``error`` event (``{"error": {code, message,
+param}}``) and the socket stays open; a wrong worker token or a model without streamed text
+closes it (1008). The router routes the socket like ``/v1/realtime``.
 """
 
 from __future__ import annotations
@@ -42,9 +45,20 @@ from worker.api.errors import from_pydantic, stage_error
 from worker.api.generation import events
 from worker.api.realtime.endpoint import authorised
 from worker.api.schemas import SPEECH_INPUT_CHARS, Body, SampleRate, SpeechSampling, Voice
-from worker.api.speech import admitted_speech, speech_sampling
+from worker.api.speech import (
+    admitted_speech,
+    check_word_timestamps,
+    speech_sampling,
+    word_entries,
+)
 from worker.api.streamed_text import StreamedText
-from worker.contract.pipeline import AudioChunk, Finished, GenerationRequest, StageFailed
+from worker.contract.pipeline import (
+    AudioChunk,
+    Finished,
+    GenerationRequest,
+    StageFailed,
+    WordTimings,
+)
 from worker.service import Ticket, WorkerService
 
 router = APIRouter()
@@ -61,6 +75,7 @@ class SpeechCreate(SpeechSampling):
     input: str = Field("", max_length=SPEECH_INPUT_CHARS)
     language: str | None = Field(None, max_length=32)
     instructions: str | None = Field(None, max_length=SPEECH_INPUT_CHARS)
+    word_timestamps: bool = False
 
 
 class TextDelta(Body):
@@ -156,10 +171,12 @@ async def _start(
 ) -> _Utterance:
     service.check_model(event.model or service.spec.name)
     rate = speech_formats.output_rate(event.response_format, event.sample_rate)
+    check_word_timestamps(service, event.word_timestamps, raw_stream=False)
     gen, ticket = await admitted_speech(
         service, None, event.input, event.voice, event.instructions, event.language
     )
     gen.speech_sampling = speech_sampling(websocket, event)
+    gen.word_timestamps = event.word_timestamps
     utterance = _Utterance(gen.request_id, event.input)
     gen.text_stream = utterance.text.pieces()
     await send(
@@ -186,11 +203,14 @@ async def _speak(
 
     try:
         finished = None
+        words: list[tuple[str, float, float]] = []
         async with events(service, gen) as stream:
             async for event in stream:
                 if isinstance(event, AudioChunk):
                     ticket.audio(len(event.pcm16))
                     await delta(out.feed(event.pcm16))
+                elif isinstance(event, WordTimings):
+                    words += event.words
                 elif isinstance(event, Finished):
                     finished = event
         await delta(out.close())
@@ -200,7 +220,10 @@ async def _speak(
         }
         if finished and finished.text_tokens_read is not None:
             usage["input_token_details"] = {"text_tokens": finished.text_tokens_read}
-        await send({"type": "speech.audio.done", "id": utterance.id, "usage": usage})
+        done: dict[str, Any] = {"type": "speech.audio.done", "id": utterance.id, "usage": usage}
+        if gen.word_timestamps:
+            done["words"] = word_entries(words, 1.0)
+        await send(done)
     except StageFailed as exc:
         with contextlib.suppress(Exception):
             await send(error_body(*stage_error(exc)))

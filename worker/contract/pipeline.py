@@ -30,10 +30,13 @@ class RequestKind(StrEnum):
 _TEXT, _AUDIO, _TEXT_AUDIO = frozenset({"text"}), frozenset({"audio"}), frozenset({"text", "audio"})
 
 
-def outputs_of(kind: RequestKind, output_audio: bool = False) -> frozenset[str]:
-    """What a request of this kind produces (the stages it visits follow from it)."""
+def outputs_of(
+    kind: RequestKind, output_audio: bool = False, words: bool = False
+) -> frozenset[str]:
+    """What a request of this kind produces (the stages it visits follow from it); ``words``:
+    speech with the word timestamps of the synthesized audio."""
     if kind == RequestKind.SPEECH:
-        return _AUDIO
+        return _AUDIO | {"words"} if words else _AUDIO
     if kind == RequestKind.TRANSCRIPTION:
         return _TEXT
     return _TEXT_AUDIO if output_audio else _TEXT
@@ -65,6 +68,9 @@ class GenerationRequest:
     grammar: Grammar | None = None  # chat: the response_format the reply must fit
     tools: list[dict] | None = None  # chat: the functions the prompt offers (worker.api.tools)
     speech: SpeechOptions | None = None  # speech on Qwen3-TTS: language, instructions, clone
+    # speech: the synthesized audio's words with their times (WordTimings), from the spec's
+    # aligner stage (``only_for_output: [words]``)
+    word_timestamps: bool = False
     transcription: TranscriptionOptions | None = None  # transcription on Qwen3-ASR
 
 

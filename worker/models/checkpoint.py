@@ -25,9 +25,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 
 
 def config_digest(model_dir: Path) -> str:
-    """sha256 over every config file under model_dir (not weights), plus the builder version."""
+    """sha256 over every config file under model_dir (not weights; linked folders followed, such
+    as a forced aligner's beside its model), plus the builder version."""
     h = hashlib.sha256(BUILDER_VERSION.encode())
-    for path in sorted(model_dir.rglob("*.json")):
+    found = (Path(d) / f for d, _, fs in os.walk(model_dir, followlinks=True) for f in fs)
+    for path in sorted(p for p in found if p.suffix == ".json"):
         h.update(str(path.relative_to(model_dir)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -61,20 +63,30 @@ def resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, log=pr
 
 
 def _build_seeded(spec: ModelSpec, model_dir: Path, out: Path, seed: int) -> None:
-    import importlib
-
+    """The checkpoint by its family's tiny builder; then each component of the spec whose
+    config names another family (a Qwen3-ForcedAligner beside Qwen3-TTS) by that family's,
+    where the first did not write it (its own seed: ``seed`` + 1)."""
     from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    _tiny_builder(model_dir).build_checkpoint(model_dir, out, seed)
+    for stage in spec.stages.values():
+        sub = stage.component.config_dir if stage.component else ""
+        if sub and not (out / sub / "config.json").is_file():
+            _tiny_builder(model_dir / sub).build_checkpoint(model_dir / sub, out / sub, seed + 1)
+
+
+def _tiny_builder(config_dir: Path) -> Any:
+    import importlib
 
     from worker.models.registry import FAMILIES
 
-    hf_logging.disable_progress_bar()
     for family in FAMILIES.values():
         builder = importlib.import_module(family.tiny_builder) if family.tiny_builder else None
-        if builder is not None and builder.is_tiny(model_dir):
-            builder.build_checkpoint(model_dir, out, seed)
-            return
+        if builder is not None and builder.is_tiny(config_dir):
+            return builder
     raise ValueError(
-        f"{model_dir}/{SEED_FILE}: no tiny-checkpoint builder knows this model (those of "
+        f"{config_dir}: no tiny-checkpoint builder knows this model (those of "
         f"{', '.join(f.name for f in FAMILIES.values() if f.tiny_builder)}, under worker/models/)"
     )
 

@@ -8,7 +8,8 @@ worker's ``--model-family`` (``OMNI_MODEL_FAMILIES``), added with ``add`` in the
 each of its stage processes.
 
 The worker's service resolves its family once, for the endpoints; each stage process resolves
-it once, for its executors (``make_executor``). A checkpoint of no family is ``PLAIN``: a plain
+it once, for its executors (``make_executor``: a stage whose component has a config of its own
+naming another family is that family's). A checkpoint of no family is ``PLAIN``: a plain
 language model, served by the generic executors of ``worker.stages`` (its autoregressive stage
 on SGLang's own model class for the checkpoint), with every capability of the record off.
 """
@@ -97,8 +98,14 @@ def family_of(model_dir: Path) -> Family:
 
 
 def make_executor(ctx: StageContext) -> StageExecutor:
-    """The executor of one stage, as its family makes it."""
-    return family_of(ctx.checkpoint).make_executor(ctx)
+    """The executor of one stage, as its family makes it: the family of the component the stage
+    holds where the component has a config of its own that names one (a Qwen3-ForcedAligner
+    beside a Qwen3-TTS checkpoint is Qwen3-ASR's), else the checkpoint's."""
+    comp = ctx.stage.component
+    family = family_of(ctx.component_dir()) if comp is not None and comp.config_dir else PLAIN
+    if family is PLAIN:
+        family = family_of(ctx.checkpoint)
+    return family.make_executor(ctx)
 
 
 add(*SHIPPED)

@@ -323,7 +323,7 @@ class Coordinator:
         if not healthy:
             raise StageFailed(f"no healthy pipeline: {self.status().detail}")
         rep = min(healthy, key=lambda r: len(r.requests))
-        outputs = outputs_of(request.kind, request.output_audio)
+        outputs = outputs_of(request.kind, request.output_audio, request.word_timestamps)
         rt = self._route_of(outputs)
         rid = f"{request.request_id or 'req'}#{next(self._ids)}"
         metas = {

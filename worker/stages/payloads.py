@@ -42,3 +42,29 @@ class TextPiece:
     """More of a speech request's text as the client writes it (to the talker)."""
 
     text: str
+
+
+@dataclass(slots=True)
+class AlignClips:
+    """What an aligner stage times word by word: clips of one request, each (mono float32
+    audio at 16 kHz, its text, where it starts in the whole audio in seconds)."""
+
+    clips: list[tuple[Any, str, float]]
+    # times past the audio's end are cut to it (speech: the audio holds exactly what was said)
+    within_audio: bool = False
+
+
+@dataclass(slots=True)
+class SpokenText:
+    """The whole text a talker spoke (its streamed rest included), for an aligner."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class SpokenAudio:
+    """The whole audio a vocoder made of one request, int16 mono at ``rate`` Hz, for an
+    aligner (sent only when the request asks for word timestamps)."""
+
+    pcm: Any
+    rate: int

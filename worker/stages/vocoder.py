@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.stages.base import DONE, OUT, Output, RequestMeta, StageExecutor
-from worker.stages.payloads import CodeFrames
+from worker.contract.pipeline import AUDIO_OUTPUT_RATE
+from worker.stages.base import DONE, FINAL, OUT, Output, RequestMeta, StageExecutor
+from worker.stages.payloads import CodeFrames, SpokenAudio
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +303,7 @@ class Stream:
     ended: bool = False
     block: Block | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    heard: list[Any] | None = None  # every chunk sent, where an aligner times its words
 
     def ready(self, b: Schedule) -> int:
         """How many frames the next step decodes (0: none yet): a full step, never past the
@@ -339,7 +341,9 @@ class VocoderExecutor(StageExecutor):
         self.ready_since: float | None = None  # when a stream had a step ready, unserved
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        self.streams.setdefault(rid, Stream())
+        s = self.streams.setdefault(rid, Stream())
+        if "words" in meta.outputs:
+            s.heard = []
 
     def feed(self, rid: str, src: str, data: Any) -> None:
         frames: CodeFrames = data
@@ -421,8 +425,13 @@ class VocoderExecutor(StageExecutor):
                     pcm = wav[drop:].float().cpu().numpy()
                     pcm = np.clip(np.round(pcm * 32767.0), -32768, 32767).astype("<i2")
                     outs.append((OUT, rid, ("audio", pcm)))
+                    if s.heard is not None:
+                        s.heard.append(pcm)
         for rid, s in list(self.streams.items()):
             if s.finished():
                 del self.streams[rid]
+                if s.heard is not None:
+                    pcm = np.concatenate(s.heard) if s.heard else np.zeros(0, "<i2")
+                    outs.append((FINAL, rid, SpokenAudio(pcm, AUDIO_OUTPUT_RATE)))
                 outs.append((DONE, rid, s.info))
         return outs

@@ -115,6 +115,27 @@ def repair_order(times: list[float]) -> list[int]:
     return [int(t) for t in out]
 
 
+SAMPLE_RATE = 16_000  # Hz: what the aligner hears
+
+
+def to_aligner_rate(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """int16 mono at ``rate`` -> float32 at the aligner's 16 kHz (FFmpeg's resampler, as the
+    API resamples speech)."""
+    import av
+
+    if rate == SAMPLE_RATE:
+        return pcm.astype(np.float32) / 32768.0
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
+    )
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    parts = [
+        f.to_ndarray().reshape(-1) for f in [*resampler.resample(frame), *resampler.resample(None)]
+    ]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
 class ForcedAligner:
     """The aligner checkpoint's model, tokenizer and feature extractor, and ``align``."""
 
@@ -149,7 +170,7 @@ class ForcedAligner:
             return []
         f = self.features(
             [wav for wav, _, _ in clips],
-            sampling_rate=16_000,
+            sampling_rate=SAMPLE_RATE,
             padding="longest",  # what padding=True means; Whisper's __call__ is typed str
             truncation=False,
             return_attention_mask=True,

@@ -20,6 +20,7 @@ from worker.contract.options import RequestInput, TranscriptionOptions
 from worker.contract.sampling import Sampling
 from worker.engines.base import EngineRequest
 from worker.layers.stage_weights import torch_dtype
+from worker.models.qwen3_asr.aligner import SAMPLE_RATE, to_aligner_rate
 from worker.models.qwen3_asr.processor import (
     MAX_ALIGN_CLIP_SECONDS,
     MAX_CLIP_SECONDS,
@@ -38,6 +39,7 @@ from worker.stages.base import (
     RequestPreprocessor,
     StageExecutor,
 )
+from worker.stages.payloads import AlignClips, SpokenAudio, SpokenText
 
 EOS = (151645, 151643)  # what the official generate stops on (<|im_end|>, <|endoftext|>)
 
@@ -268,16 +270,18 @@ class ASRExecutor(StageExecutor):
                 }  # fmt: skip
                 if self.ctx.stage.next:  # the aligner: the clips to time (none unless asked)
                     align = [(c.samples, c.text, c.start) for c in r.clips if c.text.strip()]
-                    outs.append((FINAL, rid, {"clips": align if r.timestamps else []}))
+                    outs.append((FINAL, rid, AlignClips(align if r.timestamps else [])))
                 outs.append((DONE, rid, info))
         return outs
 
 
-class AlignerExecutor(RequestPreprocessor[dict[str, Any]]):
-    """Qwen3-ForcedAligner (component: the checkpoint's ``forced_aligner/``): word times for the
-    clips the asr stage hands over, sent as one ``words`` output ([word, start, end] in
-    seconds); a request that wants no timestamps hands over no clips and passes straight on.
-    One request per step in arrival order, as preprocessing queues them."""
+class AlignerExecutor(RequestPreprocessor[AlignClips]):
+    """Qwen3-ForcedAligner (component: the checkpoint's ``forced_aligner/``): word times, sent
+    as one ``words`` output ([word, start, end] in seconds), for the clips an asr stage hands
+    over, or for speech: a talker's whole text with the audio its vocoder made (a Qwen3-TTS
+    spec with an aligner stage; the stage is this family's, as its component's config says).
+    A request with no clips (no timestamps asked) passes straight on. One request per step in
+    arrival order, as preprocessing queues them."""
 
     def load(self) -> None:
         import torch
@@ -301,18 +305,40 @@ class AlignerExecutor(RequestPreprocessor[dict[str, Any]]):
         self.aligner.align([(wav, "warm up", 0.0)], self.ctx.device)
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        first: dict[str, Any] | None = next(iter(inputs.values()), None)
-        self.pending.append((rid, meta, first or {}))
+        self.pending.append((rid, meta, _to_align(list(inputs.values()))))
 
-    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
-        clips = [(w, t, float(o)) for w, t, o in request.get("clips") or []]
+    def prepare(self, request: AlignClips) -> dict[str, Any]:
+        clips = [(w, t, float(o)) for w, t, o in request.clips]
         words = self.aligner.align(clips, self.ctx.device)
-        return {"words": [[w.word, w.start, w.end] for w in words]}
+        last = round(max(o + len(w) / SAMPLE_RATE for w, _, o in clips), 3)
+        if not request.within_audio:
+            last = float("inf")
+        return {"words": [[w.word, min(w.start, last), min(w.end, last)] for w in words]}
 
     def step(self) -> list[Output]:
         rid, _meta, request = self.pending.pop(0)
         outs: list[Output] = []
-        if request.get("clips"):
+        if request.clips:
             stamps = self.prepare(request)["words"]
             outs.append((OUT, rid, ("words", stamps)))
         return [*outs, (DONE, rid, {})]
+
+
+def _to_align(payloads: list[Any]) -> AlignClips:
+    """An aligner's input: an asr stage's clips, or speech's whole text and audio (one clip
+    from its start; none where either is empty)."""
+    text: SpokenText | None = None
+    audio: SpokenAudio | None = None
+    for p in payloads:
+        if isinstance(p, AlignClips):
+            return p
+        if isinstance(p, SpokenText):
+            text = p
+        elif isinstance(p, SpokenAudio):
+            audio = p
+    if text is None or audio is None:
+        raise RuntimeError(f"an aligner takes clips, or a text and its audio; got {payloads!r}")
+    if not text.text.strip() or not len(audio.pcm):
+        return AlignClips([])
+    clip = (to_aligner_rate(audio.pcm, audio.rate), text.text, 0.0)
+    return AlignClips([clip], within_audio=True)

@@ -34,6 +34,7 @@ from worker.stages.base import (
     CHUNK,
     DONE,
     END,
+    FINAL,
     INVALID,
     Output,
     RequestMeta,
@@ -41,7 +42,7 @@ from worker.stages.base import (
     StageExecutor,
     check_prompt,
 )
-from worker.stages.payloads import CodeFrames, TextPiece
+from worker.stages.payloads import CodeFrames, SpokenText, TextPiece
 from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
 
 
@@ -375,6 +376,8 @@ class TTSEngineExecutor(StageExecutor):
                     "completion_tokens": r.frames,
                     "text_tokens_read": r.prompt.text_read(r.engine_req.frames),
                 }
+                if "words" in r.meta.outputs:  # what the aligner times the audio against
+                    outs.append((FINAL, r.rid, SpokenText(r.text)))
                 outs += [(END, r.rid, info), (DONE, r.rid, info)]
         return outs
 
