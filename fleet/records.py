@@ -82,6 +82,12 @@ class ProcessMemory(BaseModel):
     limit_fraction: float | None = None
 
 
+# A chunk of a streamed audio reply this late past the audio before it has made a player that
+# started at the first chunk run dry (players buffer a little: 20 ms is one WebRTC frame). The
+# worker counts underruns and omni-bench simulates its listener by this one rule.
+UNDERRUN_SLACK_S = 0.02
+
+
 class LoadReport(BaseModel):
     """What a worker measures about itself, published several times a second."""
 
@@ -96,7 +102,7 @@ class LoadReport(BaseModel):
     ttft_ms: float | None = None  # recent time to first token (p50 of a short window)
     ttfa_ms: float | None = None  # recent time to first audio chunk
     # recent audio replies (the same window): their real-time factor (p50), and the share of
-    # them a player started at their first chunk would have heard run dry
+    # them a player started at their first chunk would have heard run dry (UNDERRUN_SLACK_S)
     rtf: float | None = None
     underrun_share: float | None = None
     memory: dict[str, ProcessMemory] = Field(default_factory=dict)  # stage process name ->

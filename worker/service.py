@@ -15,7 +15,13 @@ from typing import Protocol
 import redis.exceptions
 
 from fleet.errors import ErrorCode, OmniError
-from fleet.records import Capabilities, LoadReport, VoiceRecord, WorkerStatus
+from fleet.records import (
+    UNDERRUN_SLACK_S,
+    Capabilities,
+    LoadReport,
+    VoiceRecord,
+    WorkerStatus,
+)
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec, resolve_model_dir
 from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
@@ -27,8 +33,6 @@ from worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 _LATENCY_WINDOW_S = 30.0
-# a chunk this late past the audio before it is an underrun (a player's own buffering: 20 ms)
-UNDERRUN_SLACK_S = 0.02
 _LATENCY_SAMPLES = 64
 
 

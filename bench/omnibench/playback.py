@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# A chunk this late past the audio before it has made the player run dry. Players buffer a
-# little (20 ms is one WebRTC frame); the worker's UNDERRUN_SLACK_S is the same.
-UNDERRUN_SLACK_S = 0.02
+from fleet.records import UNDERRUN_SLACK_S
+
 # The first chunk with a sample this loud (dBFS) is the first a listener hears; leading silence
 # (a vocoder's warm-up, a stream's empty WAV header) does not count.
 AUDIBLE_DBFS = -60.0
