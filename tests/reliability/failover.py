@@ -24,20 +24,19 @@ from tests.reliability.load import MODEL, VOICE
 
 PROMPT = [{"role": "user", "content": "tell me a long story about omni fleets"}]
 SPEECH_TEXT = "omni fleet router worker audio " * 4
-CHAT_TOKENS = 384  # (the fleet's workers allow 512; fleet.py)
 STREAMS = (
     ("greedy chat", "/v1/chat/completions",
      {"model": MODEL, "messages": PROMPT, "temperature": 0, "stream": True,
-      "max_tokens": CHAT_TOKENS, "stream_options": {"include_usage": True}}),
+      "stream_options": {"include_usage": True}}),
     ("seeded chat", "/v1/chat/completions",
-     {"model": MODEL, "messages": PROMPT, "temperature": 1.0, "seed": 11, "stream": True,
-      "max_tokens": CHAT_TOKENS}),
+     {"model": MODEL, "messages": PROMPT, "temperature": 1.0, "seed": 11, "stream": True}),
     ("speech pcm", "/v1/audio/speech",
      {"model": MODEL, "input": SPEECH_TEXT, "voice": VOICE, "response_format": "pcm",
       "stream": True, "seed": 12}),
 )  # fmt: skip
-# how far each stream must be before the fault: SSE events, or audio pieces
-PART_WAY = {"greedy chat": 4, "seeded chat": 4, "speech pcm": 1}
+# how far each stream must be before the fault: SSE events (the role, then a token), or audio
+# pieces
+PART_WAY = {"greedy chat": 2, "seeded chat": 2, "speech pcm": 1}
 # how long a frozen worker's last bytes may take to reach the client through the router
 SETTLE_S = 0.5
 
@@ -140,13 +139,13 @@ def references(fleet: Fleet, session: str) -> list[Watched]:
 def watch_through(
     fleet: Fleet, session: str, streams: list[Watched], pid: int, fault: Callable[[], None]
 ) -> tuple[float, Callable[[], None]]:
-    """The ``streams`` of ``session`` (bound to the worker whose HTTP process is ``pid``) all
-    at once; once each is part way the worker is frozen (SIGSTOP: nothing more leaves it) and,
-    after ``SETTLE_S`` for what it had sent to reach the client, ``fault()`` comes while it is
-    still frozen. A round in which a stream was whole by then (its timing is the loaded
-    fleet's) is thawed, let finish and run again, three rounds at most: the fault must cut
-    every stream short. (The time of the fault, a call that waits until every stream has
-    ended.)"""
+    """The ``streams`` of ``session`` (bound to the worker whose HTTP process is ``pid``): the
+    speech first, the chats once it is part way; once each is part way the worker is frozen
+    (SIGSTOP: nothing more leaves it) and, after ``SETTLE_S`` for what it had sent to reach
+    the client, ``fault()`` comes while it is still frozen. A round in which a stream was whole
+    by then (its timing is the loaded fleet's) is thawed, let finish and run again, three
+    rounds at most: the fault must cut every stream short. (The time of the fault, a call that
+    waits until every stream has ended.)"""
     router = fleet.routers[0].url
 
     def run(w: Watched) -> None:
@@ -156,20 +155,27 @@ def watch_through(
         except Exception as exc:  # reported by check()
             w.error = f"{type(exc).__name__}: {exc}"
 
+    def part_way(group: list[Watched]) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+            w.progress >= PART_WAY[w.name] or w.finished for w in group
+        ):
+            time.sleep(0.001)
+
+    # The speech first: under load its first audio (the thinker, the talker's queue, its first
+    # frames, the vocoder) came after the whole of a greedy chat started beside it, in every
+    # round of a full run; a chat started once the speech is part way has its first tokens
+    # while the speech goes on.
+    speech = [w for w in streams if not w.sse]
+    chats = [w for w in streams if w.sse]
     for _ in range(3):
         for w in streams:
             w.data, w.progress, w.finished, w.error = bytearray(), 0, False, ""
-        threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in streams]
-        # all at once: under load the speech's first audio (the thinker, the talker's queue,
-        # its first frames, the vocoder) may come after a whole greedy chat started before it,
-        # and a chat started after it may not be part way before the speech's end
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(
-            w.progress >= PART_WAY[w.name] or w.finished for w in streams
-        ):
-            time.sleep(0.001)
+        threads = {w.name: threading.Thread(target=run, args=(w,), daemon=True) for w in streams}
+        for group in (speech, chats):
+            for w in group:
+                threads[w.name].start()
+            part_way(group)
         os.kill(pid, signal.SIGSTOP)
         time.sleep(SETTLE_S)
         whole = {w.name: bytes(w.data[-300:]) for w in streams if w.finished}
@@ -177,14 +183,14 @@ def watch_through(
         if not whole:
             break
         os.kill(pid, signal.SIGCONT)
-        for t in threads:
+        for t in threads.values():
             t.join(120)
     assert not whole, f"whole before the fault, so not resumed: {whole} (at {progress})"
     at = time.monotonic()
     fault()
 
     def join() -> None:
-        for t in threads:
+        for t in threads.values():
             t.join(120)
 
     return at, join

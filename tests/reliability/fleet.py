@@ -41,9 +41,6 @@ WORKER_ARGS = (
     "--max-audio-seconds", "20",
     "--drain-timeout", "60",
     "--body-timeout", "3",
-    # replies longer than tiny-omni's 128 tokens for the watched chats (failover.py), which
-    # must still be running when the speech started beside them is part way
-    "--thinker.engine.max_new_tokens", "512",
 )  # fmt: skip
 # --affinity-bound 1000 switches bounded-load migration off: every session move the suite
 # sees is then one that the scenario's fault caused (migration has its own router tests).

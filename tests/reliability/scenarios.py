@@ -136,8 +136,9 @@ def worker_killed(fleet: Fleet, seed: int = 1) -> Result:
     assert not late, "requests that started after the kill failed:\n" + _explain(
         late, lambda _o: True
     )
-    # its sessions move, the others stay
+    # its sessions move on their next request, the others stay
     mine = {k for k, v in before.items() if v == victim}
+    bind_sessions(fleet, sorted(mine))
     after = bindings(fleet)
     assert_sessions_stayed(outcomes, before, mine)
     assert all(after[k] == v for k, v in before.items() if k not in mine), (before, after)

@@ -71,7 +71,8 @@ def _tensor_to_numpy(t: Any) -> np.ndarray:
 
 
 def nbytes(obj: Any) -> int:
-    """Bytes of the arrays and tensors inside a payload (nested dicts/lists/tuples)."""
+    """Bytes of the arrays and tensors inside a payload (nested dicts, lists, tuples and
+    dataclasses, as ``pack`` walks them)."""
     if isinstance(obj, np.ndarray):
         return obj.nbytes
     if _is_tensor(obj):
@@ -80,6 +81,8 @@ def nbytes(obj: Any) -> int:
         return sum(nbytes(v) for v in obj.values())
     if isinstance(obj, list | tuple):
         return sum(nbytes(v) for v in obj)
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return sum(nbytes(getattr(obj, f.name)) for f in fields(obj))
     return 0
 
 
