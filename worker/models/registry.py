@@ -4,7 +4,7 @@ A family is one package (as SGLang-Omni keeps one folder per model) that exports
 record (``worker.models.family``): its stage executors and what its API speaks beyond the
 common surface. The shipped families live under ``worker/models/`` and are listed in
 ``SHIPPED``; a family kept outside this repository is any importable package named by the
-worker's ``--model-family`` (``OMNI_MODEL_FAMILIES``), added with ``add`` in the worker and in
+worker's ``--model-family`` (``OMNI_MODEL_FAMILY``), added with ``add`` in the worker and in
 each of its stage processes.
 
 The worker's service resolves its family once, for the endpoints; each stage process resolves
