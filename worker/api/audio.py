@@ -16,6 +16,7 @@ import soundfile as sf
 
 from fleet.errors import ErrorCode, OmniError
 from worker.contract.pipeline import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
+from worker.layers.resample import resample
 
 # Formats we answer in (OpenAI names; "pcm16" is the chat spelling of "pcm").
 OUTPUT_FORMATS = ("wav", "pcm", "pcm16")
@@ -29,7 +30,6 @@ DECODED_BYTES_LIMIT: ContextVar[int] = ContextVar(
     "audio_decoded_bytes_limit", default=DEFAULT_MAX_DECODED_BYTES
 )
 _BLOCK_SAMPLES = 1 << 18  # samples (all channels) decoded per block: 1 MB of float32
-_RESAMPLE_SLICE = 1 << 20  # output samples per resampling slice
 _UNKNOWN_FRAMES = 1 << 62  # libsndfile's frame count for "not in the header" (SF_COUNT_MAX)
 
 
@@ -42,25 +42,6 @@ def b64decode(data: str, param: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise invalid_audio(f"audio is not valid base64: {exc}", param) from exc
-
-
-def resample(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
-    """Linear interpolation (numpy only, deterministic, the same values as ``np.interp``),
-    computed in slices so that memory stays a few MB above the input and output."""
-    if rate == target or audio.size == 0:
-        return audio.astype(np.float32, copy=False)
-    n_in = audio.size
-    n_out = max(1, round(n_in * target / rate))
-    out = np.empty(n_out, dtype=np.float32)
-    step = rate / target
-    for lo in range(0, n_out, _RESAMPLE_SLICE):
-        hi = min(n_out, lo + _RESAMPLE_SLICE)
-        pos = np.arange(lo, hi, dtype=np.float64) * step
-        left = np.minimum(pos.astype(np.int64), n_in - 1)
-        right = np.minimum(left + 1, n_in - 1)
-        a = audio[left].astype(np.float64)
-        out[lo:hi] = (audio[right] - a) * (pos - left) + a
-    return out
 
 
 def _decode_failed(exc: Exception, param: str | None) -> OmniError:

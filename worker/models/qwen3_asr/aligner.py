@@ -119,21 +119,11 @@ SAMPLE_RATE = 16_000  # Hz: what the aligner hears
 
 
 def to_aligner_rate(pcm: np.ndarray, rate: int) -> np.ndarray:
-    """int16 mono at ``rate`` -> float32 at the aligner's 16 kHz (FFmpeg's resampler, as the
-    API resamples speech)."""
-    import av
+    """int16 mono at ``rate`` -> float32 at the aligner's 16 kHz, resampled as a transcription's
+    upload is (worker.layers.resample)."""
+    from worker.layers.resample import resample
 
-    if rate == SAMPLE_RATE:
-        return pcm.astype(np.float32) / 32768.0
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
-    )
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-    parts = [
-        f.to_ndarray().reshape(-1) for f in [*resampler.resample(frame), *resampler.resample(None)]
-    ]
-    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+    return resample(pcm.astype(np.float32) / 32768.0, rate, SAMPLE_RATE)
 
 
 class ForcedAligner:

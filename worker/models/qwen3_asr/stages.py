@@ -310,9 +310,9 @@ class AlignerExecutor(RequestPreprocessor[AlignClips]):
     def prepare(self, request: AlignClips) -> dict[str, Any]:
         clips = [(w, t, float(o)) for w, t, o in request.clips]
         words = self.aligner.align(clips, self.ctx.device)
-        last = round(max(o + len(w) / SAMPLE_RATE for w, _, o in clips), 3)
-        if not request.within_audio:
-            last = float("inf")
+        last = float("inf")
+        if request.within_audio:
+            last = round(max(o + len(w) / SAMPLE_RATE for w, _, o in clips), 3)
         return {"words": [[w.word, min(w.start, last), min(w.end, last)] for w in words]}
 
     def step(self) -> list[Output]:
