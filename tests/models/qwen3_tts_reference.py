@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from tests.models.waveforms import assert_same_waveform
+
 REPO = Path(__file__).resolve().parents[2]
 HF = REPO / "configs" / "hf"
 OFFICIAL = REPO / "tests" / "models" / "reference" / "qwen3_tts_official.py"
@@ -136,17 +138,4 @@ def assert_same_speech(pcm: np.ndarray, wav: np.ndarray, what: str) -> None:
     """``pcm`` (int16) is the package's waveform ``wav`` within two int16 steps (the vocoder
     decodes a stream in growing windows: float rounding differs from one pass); otherwise the
     failure names the first frame that differs and its SNR."""
-    want = to_int16(wav)
-    assert pcm.shape == want.shape, (
-        f"{what}: {pcm.size / FRAME} frames, the package's {want.size / FRAME}"
-    )
-    off = np.abs(pcm.astype(np.int32) - want).reshape(-1, FRAME).max(axis=1) > 2
-    if off.any():
-        k = int(np.argmax(off))
-        ref = want[k * FRAME : (k + 1) * FRAME].astype(np.float64)
-        err = pcm[k * FRAME : (k + 1) * FRAME].astype(np.float64) - ref
-        snr = 10 * np.log10(max(float(ref @ ref), 1e-9) / max(float(err @ err), 1e-9))
-        raise AssertionError(
-            f"{what}: frame {k} of {off.size} is the first that differs from the package's "
-            f"({snr:.1f} dB SNR there); {int(off.sum())} frames differ"
-        )
+    assert_same_waveform(pcm, to_int16(wav), FRAME, f"{what} (against the package)")

@@ -25,12 +25,18 @@ import pytest
 import soundfile as sf
 import yaml
 
+from tests.models.waveforms import assert_same_waveform
 from tests.worker_procs import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
 MAX_TOKENS = 24
 PROMPT = "Say something."
+FRAME = 1920  # 24 kHz samples per 12.5 Hz codec frame (code2wav's upsampling, both checkpoints)
+# transformers' code2wav decodes a long reply in chunks of 300 frames, each after 25 frames of
+# left context: a talker reply past that is what shows that the worker's stateful vocoder
+# continues across the chunk boundary as the reference does
+LONG_TALKER_FRAMES = 330
 
 pytestmark = pytest.mark.slow
 
@@ -158,6 +164,31 @@ def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> 
     return Reply(message["audio"]["transcript"], *counts, pcm, cached)
 
 
+def _ask_streamed(worker: WorkerProcess, parts: list[dict]) -> np.ndarray:
+    """The same greedy spoken request streamed (``pcm16`` audio deltas): the int16 samples."""
+    body = {
+        "model": "tiny-omni",
+        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "pcm16"},
+    }
+    pieces: list[bytes] = []
+    with httpx.stream("POST", worker.url + "/v1/chat/completions", json=body, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                audio = (choice.get("delta") or {}).get("audio") or {}
+                if audio.get("data"):
+                    pieces.append(base64.b64decode(audio["data"]))
+    assert len(pieces) > 1, "the speech should stream in several pieces"
+    return np.frombuffer(b"".join(pieces), np.int16)
+
+
 def _audio_part(wav: bytes) -> dict:
     return {
         "type": "input_audio",
@@ -177,14 +208,19 @@ def _model(checkpoint: Path):
     return Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
 
 
-def _reference(checkpoint: Path, media: list[dict], speech: bool) -> Reply:
+def _reference(
+    checkpoint: Path, media: list[dict], speech: bool, talker_frames: int | None = None
+) -> Reply:
     """``Qwen3OmniMoeForConditionalGeneration.generate`` alone on the same prompt: ``media`` are
-    the processor's parts (``audio`` float32 at 16 kHz, ``image`` HxWx3, ``video`` TxHxWx3)."""
+    the processor's parts (``audio`` float32 at 16 kHz, ``image`` HxWx3, ``video`` TxHxWx3);
+    ``talker_frames`` bounds the talker (the spec's ``max_new_tokens`` by default)."""
     messages = [{"role": "user", "content": [*media, {"type": "text", "text": PROMPT}]}]
-    return _reference_messages(checkpoint, messages, speech)
+    return _reference_messages(checkpoint, messages, speech, talker_frames)
 
 
-def _reference_messages(checkpoint: Path, messages: list[dict], speech: bool) -> Reply:
+def _reference_messages(
+    checkpoint: Path, messages: list[dict], speech: bool, talker_frames: int | None = None
+) -> Reply:
     """The same on a whole conversation: each part in its turn, as the chat template takes it."""
     import torch
 
@@ -213,7 +249,10 @@ def _reference_messages(checkpoint: Path, messages: list[dict], speech: bool) ->
     ids = prepared.input_ids
     common = {"thinker_max_new_tokens": MAX_TOKENS, "thinker_eos_token_id": im_end}
     if speech:
-        talker = yaml.safe_load(SPEC.read_text())["stages"]["talker"]["engine"]["max_new_tokens"]
+        talker = (
+            talker_frames
+            or (yaml.safe_load(SPEC.read_text())["stages"]["talker"]["engine"]["max_new_tokens"])
+        )
         sequences, wav = _model(checkpoint).generate(
             input_ids=torch.tensor([ids]), speaker="ethan", talker_do_sample=False,
             talker_max_new_tokens=talker, **common, **inputs,
@@ -239,9 +278,9 @@ def _assert_equal(served: Reply, reference: Reply) -> None:
     if reference.pcm is None:
         assert served.pcm is None
         return
-    assert served.pcm is not None and served.pcm.shape == reference.pcm.shape
+    assert served.pcm is not None
     assert np.abs(reference.pcm).max() > 100  # real audio, not silence
-    assert np.abs(served.pcm.astype(np.int32) - reference.pcm).max() <= 2
+    assert_same_waveform(served.pcm, reference.pcm, FRAME, "the worker's speech")
 
 
 @pytest.mark.parametrize("kind", ["image", "video"])
@@ -455,9 +494,24 @@ def test_a_spoken_voice_conversation_reuses_its_cached_clip(served, kept: bool) 
     _assert_equal(two, _reference_messages(tiny.checkpoint, [*as_processed, *second[1:]], True))
 
 
-@pytest.mark.parametrize("model", ["tiny-omni", "tiny-omni-wide"])
-def test_worker_equals_transformers_generate(model: str, served) -> None:
+@pytest.mark.parametrize(
+    ("model", "talker_frames"),
+    [("tiny-omni", None), ("tiny-omni-wide", LONG_TALKER_FRAMES)],
+)
+def test_worker_equals_transformers_generate(model: str, talker_frames: int | None, served) -> None:
+    """Audio in, speech out; on the wide checkpoint (a codec of 2,048 codes, as the real
+    model's, so that its random talker rarely draws the end) the talker speaks past code2wav's
+    first 300-frame chunk, and the streamed speech equals the reference's too."""
     wav, audio = _input_audio()
-    tiny = served(model)
+    overrides = ("--talker.engine.max_new_tokens", str(talker_frames)) if talker_frames else ()
+    tiny = served(model, *overrides)
     reply = _ask(tiny.worker, [_audio_part(wav)], speech=True)
-    _assert_equal(reply, _reference(tiny.checkpoint, [{"type": "audio", "audio": audio}], True))
+    reference = _reference(
+        tiny.checkpoint, [{"type": "audio", "audio": audio}], True, talker_frames
+    )
+    _assert_equal(reply, reference)
+    if talker_frames is None:
+        return
+    assert reference.pcm is not None and reference.pcm.size > 300 * FRAME, reference.pcm.size
+    streamed = _ask_streamed(tiny.worker, [_audio_part(wav)])
+    assert_same_waveform(streamed, reference.pcm, FRAME, "the worker's streamed speech")
