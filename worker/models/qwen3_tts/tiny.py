@@ -104,11 +104,13 @@ def build_checkpoint(config_dir: Path, out: Path, seed: int) -> None:
         )
     )
     build_tokenizer(out)
-    for src in config_dir.rglob("*.json"):
-        dst = out / src.relative_to(config_dir)
-        if src.name != "seeded_weights.json":
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+    # the configs of what this builder wrote, named: a config directory may link in another
+    # family's component (tiny-qwen3-tts-aligned's forced_aligner/), which that family's builder
+    # writes, and links to directories are where rglob does not look (speech_tokenizer/ there)
+    for sub in ("", "speech_tokenizer"):
+        for src in (config_dir / sub).glob("*.json"):
+            if src.name != "seeded_weights.json":
+                shutil.copyfile(src, out / sub / src.name)
 
 
 def _calibrate(st, gen) -> None:
