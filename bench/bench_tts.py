@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -79,6 +80,17 @@ async def _run(url: str, n: int, concurrency: int, stream: bool) -> dict[str, fl
     }
 
 
+def _spec(tree: Path, checkpoint: Path, tmp: Path, length: int) -> Path:
+    """``tree``'s tiny-qwen3-tts spec on ``checkpoint``, its talker stopped at ``length``."""
+    spec = yaml.safe_load((tree / "configs" / "models" / "tiny-qwen3-tts.yaml").read_text())
+    spec["model_dir"] = str(checkpoint)
+    spec["stages"]["tts_engine"]["engine"]["max_new_tokens"] = length
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"tiny-qwen3-tts-{length}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 200, 400])
@@ -89,18 +101,16 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-tts-"))
     checkpoint = ref.official_checkpoints([NAME], tmp)[NAME]
-    # (the base's engine too: SGLang, which the specs of earlier commits named in a field since
-    # removed)
-    trees = {"this": (REPO, [])}
+    trees = {"this": REPO}
     if args.base:
-        base_engine = ["--overrides", "tts_engine.engine.backend=sglang"]
-        trees[f"base {args.base}"] = (worktree(args.base), base_engine)
+        trees[f"base {args.base}"] = worktree(args.base)
     result: dict = {"requests": args.requests, "rows": []}
     print(f"{'worker':14} {'frames':>6} {'c':>2} {'mode':8} {'audio s/s':>10} {'first ms':>9}")
     for length in args.lengths:
-        spec = ref.spec_for("tiny-qwen3-tts", checkpoint, tmp, length)
-        for side, (tree, flags) in trees.items():
-            worker = Worker(tree, "tiny-qwen3-tts", ["--gpus", "cpu", *flags], tmp / side, spec)
+        for side, tree in trees.items():
+            # each tree's own spec (its stages' processes, streaming and batching)
+            spec = _spec(tree, checkpoint, tmp / side.replace(" ", "-"), length)
+            worker = Worker(tree, "tiny-qwen3-tts", ["--gpus", "cpu"], tmp / side, spec)
             with worker as url:
                 for c in (1, args.concurrency):
                     for stream in (False, True):
