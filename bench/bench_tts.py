@@ -2,9 +2,11 @@
 
     python bench/bench_tts.py [--lengths 64 200 400] [--requests 8] [--concurrency 4]
                               [--base bf360a0] [--official]
+                              [--checkpoint tiny-qwen3-tts-custom-voice-wide]
 
-The checkpoint is the tiny CustomVoice one written by the official classes (the equality
-tests' ``tiny-qwen3-tts-custom-voice``, built in the reference venv if missing), served by the
+The checkpoint is a tiny CustomVoice one written by the official classes (the equality tests'
+``tiny-qwen3-tts-custom-voice`` or, with ``--checkpoint``, its ``-wide`` sibling; built in the
+reference venv if missing), served by the
 ``tiny-qwen3-tts`` spec with ``max_new_tokens`` set to each length (greedy: no end-of-speech
 on random weights, so every reply has ``length - 1`` frames, 80 ms each). For each length the
 worker serves ``--requests`` replies at concurrency 1 and ``--concurrency``:
@@ -44,6 +46,7 @@ from bench_engines import Worker, worktree  # noqa: E402
 from tests.models import qwen3_tts_reference as ref  # noqa: E402
 
 NAME = "tiny-qwen3-tts-custom-voice"
+CHECKPOINTS = [NAME, f"{NAME}-wide"]
 
 
 async def _one(client: httpx.AsyncClient, url: str, i: int, stream: bool) -> tuple[float, float]:
@@ -98,9 +101,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--base", help="also serve each length from the worker of this commit")
     ap.add_argument("--official", action="store_true", help="also run the qwen-tts package")
+    ap.add_argument("--checkpoint", default=NAME, choices=CHECKPOINTS,
+                    help="which tiny CustomVoice checkpoint (the wide one: wider and deeper "
+                    "talker, code predictor and vocoder)")  # fmt: skip
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-tts-"))
-    checkpoint = ref.official_checkpoints([NAME], tmp)[NAME]
+    checkpoint = ref.official_checkpoints([args.checkpoint], tmp)[args.checkpoint]
     trees = {"this": REPO}
     if args.base:
         trees[f"base {args.base}"] = worktree(args.base)

@@ -189,3 +189,43 @@ def test_asking_whether_xgrammar_is_there_does_not_import_it() -> None:
         "grammar.preload(); assert 'xgrammar' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+def test_fused_decoder_is_bit_for_bit_the_decoder_layers() -> None:
+    """The code predictor's passes (``FusedDecoder``: fused projections, one-op norms) give
+    exactly what the ``Decoder``'s modules give, over a two-position prefill and one-position
+    steps with their caches, for grouped and plain attention; and ``rms_norm``'s one op is the
+    reference's steps on fp32."""
+    import torch
+
+    from worker.layers.qwen3_decoder import (
+        Decoder, DecoderShape, FusedDecoder, KVCache, init_random, rms_norm, rope_cos_sin,
+    )  # fmt: skip
+
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0))
+    w = 1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(1))
+    manual = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert torch.equal(rms_norm(x, w, 1e-6), manual)
+    for kv_heads in (2, 4):
+        shape = DecoderShape(48, 96, 2, 4, kv_heads, 12, 1e-6, 10_000.0)
+        decoder = Decoder(shape)
+        init_random(decoder, 5)
+        fused = FusedDecoder(decoder)
+        gen = torch.Generator().manual_seed(kv_heads)
+        b = 3
+        pos = torch.arange(6)[None].expand(b, -1)
+        cos, sin = rope_cos_sin(pos, shape.head_dim, shape.rope_theta, torch.float32)
+        with torch.inference_mode():
+            caches = [[None, None] for _ in range(shape.num_layers)]
+            mine = KVCache.empty(shape.num_layers)
+            x = torch.randn(b, 2, 48, generator=gen)
+            for t0, t in ((0, 2), (2, 1), (3, 1), (4, 1)):
+                if t0:
+                    x = torch.randn(b, 1, 48, generator=gen)
+                c, s = cos[:, t0 : t0 + t], sin[:, t0 : t0 + t]
+                want = x
+                for layer, lc in zip(decoder.layers, mine.layers, strict=True):
+                    want = layer(want, c, s, None, lc)
+                want = decoder.norm(want)
+                got = fused.run(x, c[:, None], s[:, None], caches)
+                assert torch.equal(got, want), (kv_heads, t0)

@@ -18,6 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm: in fp32, then the weight times it in the input's dtype."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # one op, bit for bit the steps below on fp32 (tests/test_worker_units.py)
+        return F.rms_norm(x, weight.shape, weight, eps)
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -25,10 +36,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
@@ -204,6 +212,63 @@ class Decoder(nn.Module):
                 c.layers[li][0] = batch_cache[0][i : i + 1, :, longest - n :]
                 c.layers[li][1] = batch_cache[1][i : i + 1, :, longest - n :]
         return self.norm(x)
+
+
+class FusedDecoder:
+    """A ``Decoder``'s layers for many short passes, inference only: each layer's q/k/v and
+    gate/up projections one matmul each over weights concatenated once, the norms one op, no
+    module calls. A code predictor makes 15 passes of one position per frame; at the sizes that
+    run on a CPU such a pass is mostly per-op overhead, and this takes a quarter to a third off
+    it (docs/omni-worker.md, "Speed"). The same arithmetic as the layers' ``forward``: the codes
+    and waveforms equal the official package's (tests/models/test_qwen3_tts_reference.py).
+    Built once the weights are loaded and placed."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.s = decoder.s
+        self.layers = []
+        for layer in decoder.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            if a.q_norm is None or a.k_norm is None or a.q_proj.bias is not None:
+                raise ValueError("FusedDecoder takes Qwen3 layers: q/k norms, no biases")
+            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            self.layers.append((
+                layer.input_layernorm.weight.detach(), qkv, a.q_norm.weight.detach(),
+                a.k_norm.weight.detach(), a.o_proj.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(), gate_up,
+                mlp.down_proj.weight.detach(),
+            ))  # fmt: skip
+        self.norm = decoder.norm.weight.detach()
+
+    def run(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list
+    ) -> torch.Tensor:
+        """x (B, T, H) after ``caches`` (per layer [k, v] or [None, None], extended in place);
+        cos/sin (B, 1, T, head_dim). Causal over T. -> the final norm's output."""
+        s, eps = self.s, self.s.rms_norm_eps
+        b, t, _ = x.shape
+        nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        half = hd // 2
+        for (w_in, w_qkv, w_qn, w_kn, w_o, w_post, w_gu, w_down), cache in zip(
+            self.layers, caches, strict=True
+        ):
+            q, k, v = F.linear(rms_norm(x, w_in, eps), w_qkv).split(
+                [nh * hd, nkv * hd, nkv * hd], -1
+            )
+            q = rms_norm(q.view(b, t, nh, hd), w_qn, eps).transpose(1, 2)
+            k = rms_norm(k.view(b, t, nkv, hd), w_kn, eps).transpose(1, 2)
+            v = v.view(b, t, nkv, hd).transpose(1, 2)
+            # rope, as apply_rope: x * cos + rotate_half(x) * sin
+            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            if cache[0] is not None:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache[0], cache[1] = k, v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=nh != nkv)
+            x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), w_o)
+            gate, up = F.linear(rms_norm(x, w_post, eps), w_gu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w_down)
+        return rms_norm(x, self.norm, eps)
 
 
 def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:

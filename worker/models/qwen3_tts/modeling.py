@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.layers.qwen3_decoder import Decoder, DecoderShape, rope_cos_sin
+from worker.layers.qwen3_decoder import Decoder, DecoderShape, FusedDecoder, rope_cos_sin
 
 
 class ResizeMLP(nn.Module):
@@ -62,6 +62,7 @@ class CodePredictor(nn.Module):
             nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
             for _ in range(self.groups - 1)
         )
+        self._fused: FusedDecoder | None = None
         self.small_to_mtp_projection: nn.Linear | None = None
         if cfg["hidden_size"] != talker_hidden:
             self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg["hidden_size"], bias=True)
@@ -79,17 +80,17 @@ class CodePredictor(nn.Module):
         code chosen from its logits (B, vocab) by ``choose`` (None: greedy). All B requests
         have the same length here, so the batch needs no padding."""
         m = self.model
+        if self._fused is None:  # (built on first use: after the weights are loaded and placed)
+            self._fused = FusedDecoder(m)
         b = hidden.shape[0]
         x = self._proj(torch.cat([hidden, first_embed], dim=1))
-        n = m.s.num_layers
-        cache = [[None, None] for _ in range(n)]
-        # the rope of every position a frame's passes take, computed once
+        caches = [[None, None] for _ in range(m.s.num_layers)]
+        # the rope of every position a frame's passes take, computed once: (B, 1, T, head_dim)
         pos = torch.arange(self.groups + 1, device=x.device)[None].expand(b, -1)
-        cos_all, sin_all = rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
-        cos, sin = cos_all[:, :2], sin_all[:, :2]
-        for layer, c in zip(m.layers, cache, strict=True):
-            x = layer(x, cos, sin, None, c)
-        h = m.norm(x)[:, -1:]
+        cos_all, sin_all = (
+            r[:, None] for r in rope_cos_sin(pos, m.s.head_dim, m.s.rope_theta, x.dtype)
+        )
+        h = self._fused.run(x, cos_all[:, :, :2], sin_all[:, :, :2], caches)[:, -1:]
         out = []
         for j in range(self.groups - 1):
             logits = self.lm_head[j](h[:, -1])
@@ -98,10 +99,8 @@ class CodePredictor(nn.Module):
             if j == self.groups - 2:
                 break
             x = self._proj(m.codec_embedding[j](code)[:, None])
-            cos, sin = cos_all[:, 2 + j : 3 + j], sin_all[:, 2 + j : 3 + j]
-            for layer, c in zip(m.layers, cache, strict=True):
-                x = layer(x, cos, sin, None, c)
-            h = m.norm(x)
+            at = slice(2 + j, 3 + j)
+            h = self._fused.run(x, cos_all[:, :, at], sin_all[:, :, at], caches)
         return torch.stack(out, dim=1)
 
 
