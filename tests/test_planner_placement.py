@@ -151,7 +151,9 @@ def test_tts_17b_gets_several_replicas_on_one_h100() -> None:
     assert all(r.gpus == [0] for r in node.replicas)
     engine = node.processes[0].stages[1]
     assert engine.params == 1_928_677_440 and engine.kv_bytes_per_token == 114_688
-    vocoder = node.processes[0].stages[2]
+    # the vocoder in a process of its own beside the talker's, on the same GPU
+    assert [p.name for p in node.processes[:2]] == ["0/tts", "0/vocoder"]
+    (vocoder,) = node.processes[1].stages
     # FP32, the tokenizer's decoder only (its codebooks are parameters): the encoder that
     # makes a cloned voice's reference codes is preprocessing's, counted there
     assert vocoder.params == 114_323_137 and vocoder.memory.weights == 114_323_137 * 4
