@@ -214,6 +214,18 @@ class Decoder(nn.Module):
         return self.norm(x)
 
 
+def _fuse(*linears: nn.Linear) -> torch.Tensor:
+    """The linears' weights as one matrix, each linear's weight then a view of its rows: no
+    second copy of them is held (the planner counts each weight once)."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    row = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[row : row + n], requires_grad=False)
+        row += n
+    return fused
+
+
 class FusedDecoder:
     """A ``Decoder``'s layers for many short passes, inference only: each layer's q/k/v and
     gate/up projections one matmul each over weights concatenated once, the norms one op, no
@@ -221,7 +233,8 @@ class FusedDecoder:
     run on a CPU such a pass is mostly per-op overhead, and this takes a quarter to a third off
     it (docs/omni-worker.md, "Speed"). The same arithmetic as the layers' ``forward``: the codes
     and waveforms equal the official package's (tests/models/test_qwen3_tts_reference.py).
-    Built once the weights are loaded and placed."""
+    Built once the weights are loaded and placed; the projections' weights become views of
+    the fused matrices."""
 
     def __init__(self, decoder: Decoder) -> None:
         self.s = decoder.s
@@ -230,8 +243,8 @@ class FusedDecoder:
             a, mlp = layer.self_attn, layer.mlp
             if a.q_norm is None or a.k_norm is None or a.q_proj.bias is not None:
                 raise ValueError("FusedDecoder takes Qwen3 layers: q/k norms, no biases")
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            qkv = _fuse(a.q_proj, a.k_proj, a.v_proj)
+            gate_up = _fuse(mlp.gate_proj, mlp.up_proj)
             self.layers.append((
                 layer.input_layernorm.weight.detach(), qkv, a.q_norm.weight.detach(),
                 a.k_norm.weight.detach(), a.o_proj.weight.detach(),
