@@ -199,8 +199,14 @@ def test_fused_decoder_is_bit_for_bit_the_decoder_layers() -> None:
     import torch
 
     from worker.layers.qwen3_decoder import (
-        Decoder, DecoderShape, FusedDecoder, KVCache, init_random, rms_norm, rope_cos_sin,
-    )  # fmt: skip
+        Decoder,
+        DecoderShape,
+        FusedDecoder,
+        KVCache,
+        init_random,
+        rms_norm,
+        rope_cos_sin,
+    )
 
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0))
     w = 1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(1))

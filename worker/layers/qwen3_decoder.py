@@ -11,7 +11,7 @@ step together: a batched step left-pads the caches to the longest one and masks 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -238,8 +238,8 @@ class FusedDecoder:
 
     def __init__(self, decoder: Decoder) -> None:
         self.s = decoder.s
-        self.layers = []
-        for layer in decoder.layers:
+        self.layers: list[tuple[torch.Tensor, ...]] = []
+        for layer in cast("list[DecoderLayer]", list(decoder.layers)):
             a, mlp = layer.self_attn, layer.mlp
             if a.q_norm is None or a.k_norm is None or a.q_proj.bias is not None:
                 raise ValueError("FusedDecoder takes Qwen3 layers: q/k norms, no biases")
