@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -83,17 +82,6 @@ async def _run(url: str, n: int, concurrency: int, stream: bool) -> dict[str, fl
     }
 
 
-def _spec(tree: Path, checkpoint: Path, tmp: Path, length: int) -> Path:
-    """``tree``'s tiny-qwen3-tts spec on ``checkpoint``, its talker stopped at ``length``."""
-    spec = yaml.safe_load((tree / "configs" / "models" / "tiny-qwen3-tts.yaml").read_text())
-    spec["model_dir"] = str(checkpoint)
-    spec["stages"]["tts_engine"]["engine"]["max_new_tokens"] = length
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"tiny-qwen3-tts-{length}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 200, 400])
@@ -115,7 +103,9 @@ def main() -> None:
     for length in args.lengths:
         for side, tree in trees.items():
             # each tree's own spec (its stages' processes, streaming and batching)
-            spec = _spec(tree, checkpoint, tmp / side.replace(" ", "-"), length)
+            side_tmp = tmp / side.replace(" ", "-")
+            side_tmp.mkdir(exist_ok=True)
+            spec = ref.spec_for("tiny-qwen3-tts", checkpoint, side_tmp, length, tree=tree)
             worker = Worker(tree, "tiny-qwen3-tts", ["--gpus", "cpu"], tmp / side, spec)
             with worker as url:
                 for c in (1, args.concurrency):

@@ -92,11 +92,16 @@ def official_generate(
 
 
 def spec_for(
-    spec_name: str, checkpoint: Path, tmp: Path, max_new_tokens: int, served_as: str | None = None
+    spec_name: str,
+    checkpoint: Path,
+    tmp: Path,
+    max_new_tokens: int,
+    served_as: str | None = None,
+    tree: Path = REPO,
 ) -> Path:
-    """The embedded spec served from ``checkpoint`` instead of its seeded tiny weights (under
-    the model name ``served_as``, if given)."""
-    spec = yaml.safe_load((REPO / "configs" / "models" / f"{spec_name}.yaml").read_text())
+    """The embedded spec (``tree``'s, this repository's by default) served from ``checkpoint``
+    instead of its seeded tiny weights (under the model name ``served_as``, if given)."""
+    spec = yaml.safe_load((tree / "configs" / "models" / f"{spec_name}.yaml").read_text())
     spec["model_dir"] = str(checkpoint)
     if served_as:
         spec["name"] = served_as

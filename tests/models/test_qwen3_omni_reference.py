@@ -142,15 +142,24 @@ def _ask(worker: WorkerProcess, parts: list[dict], speech: bool) -> Reply:
     return _ask_messages(worker, messages, speech)
 
 
-def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> Reply:
+def _chat_body(messages: list[dict], audio_format: str | None) -> dict:
+    """A greedy chat request, spoken in ``audio_format`` unless that is None."""
     body: dict = {
         "model": "tiny-omni",
         "messages": messages,
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
     }
-    if speech:
-        body |= {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    if audio_format is not None:
+        body |= {
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": audio_format},
+        }
+    return body
+
+
+def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> Reply:
+    body = _chat_body(messages, "wav" if speech else None)
     r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=180)
     assert r.status_code == 200, r.text
     reply = r.json()
@@ -166,15 +175,8 @@ def _ask_messages(worker: WorkerProcess, messages: list[dict], speech: bool) -> 
 
 def _ask_streamed(worker: WorkerProcess, parts: list[dict]) -> np.ndarray:
     """The same greedy spoken request streamed (``pcm16`` audio deltas): the int16 samples."""
-    body = {
-        "model": "tiny-omni",
-        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "modalities": ["text", "audio"],
-        "audio": {"voice": "ethan", "format": "pcm16"},
-    }
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}]
+    body = _chat_body(messages, "pcm16") | {"stream": True}
     pieces: list[bytes] = []
     with httpx.stream("POST", worker.url + "/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200, r.read()

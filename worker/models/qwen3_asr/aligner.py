@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.layers.resample import resample
 from worker.models.tokens import token_text
 
 TIMESTAMP = "<timestamp>"
@@ -121,8 +122,6 @@ SAMPLE_RATE = 16_000  # Hz: what the aligner hears
 def to_aligner_rate(pcm: np.ndarray, rate: int) -> np.ndarray:
     """int16 mono at ``rate`` -> float32 at the aligner's 16 kHz, resampled as a transcription's
     upload is (worker.layers.resample)."""
-    from worker.layers.resample import resample
-
     return resample(pcm.astype(np.float32) / 32768.0, rate, SAMPLE_RATE)
 
 
