@@ -1,196 +1,404 @@
-"""Real-size Qwen3-Omni, Qwen3-TTS and Qwen3-ASR stages on one GPU (seeded random weights, no
-download), or the tiny models on CPU: per-stage peak memory against omni-plan's figures, then
-Omni's thinker (time to first token, tokens/s) and its talker with code2wav (first audio,
-real-time factor; the thinker's part synthetic), TTS's first packet and real-time factor (a
-cloned voice, all three stages), each at concurrency 1 and 32, then ASR's time to text and
-real-time factor. Run by hand:
+"""The GPU check: what a GPU host needs of omni-fleet, phase by phase, PASS or FAIL each.
 
-    python bench/gpu_check.py --device cuda          # Omni 30B-A3B, TTS 1.7B Base, ASR 0.6B
-    python bench/gpu_check.py --device cuda --models tts asr
-    python bench/gpu_check.py                        # tiny-omni, tiny TTS Base, tiny ASR on CPU
+(a) env        the GPU, its driver, torch and CUDA, the free memory; what is importable.
+(b) handshake  the shipped layouts on this GPU at real size: their stage processes started
+               together through the worker's own launcher (``HostConfig.of_process``,
+               ``StageProcess``, the host's allocator cap), each holding what the plan gives it
+               with real CUDA allocations and random weights (``bench/gpu_probe``: the check of
+               free memory before each KV pool is the worker's own); every pool the plan's,
+               every process within its footprint (the driver's count, CUDA context included),
+               the GPU holding them all.
+(c) stages     the stages that are not SGLang's at real size with seeded random weights, on the
+               GPU in their planned dtype against the same stage in fp32 on the CPU: both
+               encoders, both vocoders (streamed, as they serve), both code predictors; their
+               step times and host synchronisations per step.
+(d) sglang     SGLang's own CUDA path when SGLang is importable: tiny-omni's thinker in bf16
+               and Qwen3-ASR 0.6B with random weights, time to first token and tokens/s at
+               concurrency 1 and 32 (skipped where SGLang is not installed).
 
-The stages are the worker's own executors, driven in one process the way the coordinator
-drives them (talker -> code2wav; preprocessing -> tts_engine => vocoder; asr), so
-stage-to-stage tensors stay on the device; one SGLang engine a process, so each check runs in a
-process of its own. Omni's prompt is synthetic token ids. The
-real TTS and ASR configs come without a tokenizer: they are served with the tiny checkpoint's
-byte-level tokenizer, its few text token ids written into a copy of the real config (the
-architecture and every size stay the real ones). Figures go to docs/omni-worker.md.
+Run on a GPU host (the GPU lock installed) or on a bare GPU machine (torch, triton and
+transformers installed, no SGLang, no network):
+
+    bench/gpu_bundle.sh                      # once, where pip reaches PyPI: .gpu-bundle/
+    # on the GPU machine, in the repository (the bundle travels with it):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-bundle/*.whl
+    PYTHONPATH=/tmp/site:. python3 bench/gpu_check.py
+
+    python3 bench/gpu_check.py --dry-run     # without a GPU: every phase on the CPU, small
+
+A dry run runs the same code on the CPU: the plans of the GPU named by ``--gpu`` (H100-80GB),
+the probe processes through the launcher holding 1/4096 of their bytes, the stages of the tiny
+checkpoints in fp32 against bf16, SGLang's CPU path. docs/omni-worker.md has the figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
+import contextlib
+import importlib.util
 import json
-import shutil
+import os
+import platform
+import queue
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 MODELS = REPO / "configs" / "models"
-# model -> (real-size spec on a GPU, tiny spec on CPU, the stages this check loads)
-CHECKS = {
-    "omni": (
-        "qwen3-omni-30b-a3b-speech.yaml",
-        "tiny-omni.yaml",
-        ("audio_encoder", "image_encoder", "thinker"),
-    ),
-    "tts": (
-        "qwen3-tts-12hz-1.7b.yaml",
-        "tiny-qwen3-tts-base.yaml",
-        ("preprocessing", "tts_engine", "vocoder"),
-    ),
-    "asr": ("qwen3-asr-0.6b.yaml", "tiny-qwen3-asr.yaml", ("asr",)),
-    # the talker in a process of its own (SGLang runs one engine a process: "omni"'s thinker)
-    "omni-talker": (
-        "qwen3-omni-30b-a3b-speech.yaml",
-        "tiny-omni.yaml",
-        ("talker", "code2wav"),
-    ),
-}
-TINY_FOR = {"tts": "tiny-qwen3-tts-base.yaml", "asr": "tiny-qwen3-asr.yaml"}
-GPU = "1xH200-141GB"
+GIB = 1 << 30
+PHASES = ("env", "handshake", "stages", "sglang")
+# the layouts phase (b) starts, and the GPU indices it can hold on one GPU (a spec that pins a
+# second GPU is checked for its first)
+LAYOUTS = (
+    "qwen3-omni-30b-a3b-speech-colocated.yaml",
+    "qwen3-omni-30b-a3b-speech.yaml",
+    "qwen3-tts-12hz-1.7b.yaml",
+    "qwen3-asr-0.6b.yaml",
+)
+DRY_SCALE = 1 / 4096
 
 
-def main() -> None:
+class Check:
+    """One phase's verdict and what it measured."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self.failures: list[str] = []
+        self.skipped = ""
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        print(f"  {line}", flush=True)
+
+    def fail(self, why: str) -> None:
+        self.failures.append(why)
+        print(f"  FAIL: {why}", flush=True)
+
+    @property
+    def verdict(self) -> str:
+        return "SKIP" if self.skipped else "FAIL" if self.failures else "PASS"
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--models", nargs="+", choices=sorted(CHECKS), default=sorted(CHECKS))
-    ap.add_argument(
-        "--real-size",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="real-size random weights (default: on cuda) or the tiny checkpoints",
-    )
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=64, help="Omni/ASR tokens, TTS frames")
-    ap.add_argument("--audio-seconds", type=float, default=30.0, help="ASR input length")
+    ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU, small (no GPU needed)")
+    ap.add_argument("--gpu", default=None, help="the GPU type to plan for (default: detected)")
+    ap.add_argument("--json", type=Path, default=None, help="write the verdicts here")
+    ap.add_argument("--sglang-one", default=None, help=argparse.SUPPRESS)  # (phase d's child)
     args = ap.parse_args()
-    cuda = args.device.startswith("cuda")
-    real = cuda if args.real_size is None else args.real_size
-    models = [name for name in ("omni", "omni-talker", "tts", "asr") if name in args.models]
-    if len(models) > 1:
-        # one process per model: SGLang's engine (the thinker's, the talker's, the ASR's)
-        # builds its process groups once per process
-        rest = [a for a in sys.argv[1:] if a not in CHECKS and a != "--models"]
-        for name in models:
-            subprocess.run([sys.executable, __file__, *rest, "--models", name], check=True)
-        return
-    for name in models:
-        print(f"\n== {name} ({'real size, random weights' if real else 'tiny'}) on {args.device}")
-        executors = _load(name, real, cuda)
-        if name == "omni":
-            from worker.stages.base import RequestMeta
-
-            for concurrency in (1, 32):
-                _thinker_at(executors["thinker"], concurrency, args.prompt_tokens,
-                            args.new_tokens, RequestMeta)  # fmt: skip
-        elif name == "omni-talker":
-            for concurrency in (1, 32):
-                _drive_talker(executors, args.prompt_tokens, args.new_tokens, concurrency)
-        elif name == "tts":
-            for concurrency in (1, 32):
-                _drive_tts(executors, args.new_tokens, concurrency)
-        else:
-            executors["asr"].max_new = args.new_tokens
-            _drive_asr(executors["asr"], args.audio_seconds)
-
-
-def _load(name: str, real: bool, cuda: bool) -> dict:
-    """The check's stages loaded (random weights at real size) and warmed up, with a table of
-    planned, loaded and peak bytes per stage."""
+    if args.sglang_one:
+        return _sglang_one(args.sglang_one, args.dry_run)
     import torch
 
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = "cuda:0" if cuda else "cpu"
+    print(f"omni-fleet GPU check: {'on ' + device if cuda else 'dry run on the CPU'}", flush=True)
+    checks = []
+    for phase in args.phases:
+        print(f"\n== ({'abcd'[PHASES.index(phase)]}) {phase}", flush=True)
+        check = Check(phase)
+        t0 = time.perf_counter()
+        try:
+            {"env": _env, "handshake": _handshake, "stages": _stages, "sglang": _sglang}[phase](
+                check, cuda, args
+            )
+        except Exception:
+            check.fail(traceback.format_exc().strip().splitlines()[-1])
+            traceback.print_exc()
+        print(f"-- {phase}: {check.verdict}{f' ({check.skipped})' if check.skipped else ''} "
+              f"in {time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
+        checks.append(check)
+    print("\n" + "\n".join(f"{c.verdict}  ({'abcd'[PHASES.index(c.name)]}) {c.name}"
+                           for c in checks))  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps([c.__dict__ | {"verdict": c.verdict} for c in checks]))
+    return 1 if any(c.verdict == "FAIL" for c in checks) else 0
+
+
+# ---- (a) the environment ------------------------------------------------------------------
+
+
+def _env(check: Check, cuda: bool, args: argparse.Namespace) -> None:
+    import torch
+
+    from worker import gpus
+
+    sglang = _version("sglang") or "not installed"
+    check.say(
+        f"python {platform.python_version()}, torch {torch.__version__} (CUDA "
+        f"{torch.version.cuda}), triton {_version('triton')}, transformers "
+        f"{_version('transformers')}, SGLang {sglang}"
+    )
+    found, method = gpus.detect()
+    driver = gpus._driver()
+    check.say(f"GPUs ({method}): {found or 'none'}; driver {driver[0]} (CUDA {driver[1]})")
+    if not cuda:
+        check.skipped = "dry run: no GPU used"
+        return
+    free, total = torch.cuda.mem_get_info(0)
+    name = torch.cuda.get_device_name(0)
+    check.say(f"{name}: {free / GIB:.2f} of {total / GIB:.2f} GiB free")
+    problem = gpus.cuda_problem(1)
+    if problem:
+        check.fail(problem)
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu_type(cuda: bool, args: argparse.Namespace) -> str:
+    """The catalog name of the GPU the layouts are planned for."""
+    from planner.catalog import load_catalog
+    from worker import gpus
+
+    if args.gpu:
+        return args.gpu
+    found, _ = gpus.detect() if cuda else ([], "none")
+    if not found:
+        return "H100-80GB"
+    return load_catalog().match_device(*found[0]).name
+
+
+# ---- (b) the memory handshake with real processes ---------------------------------------------
+
+
+def _handshake(check: Check, cuda: bool, args: argparse.Namespace) -> None:
     from planner.api import plan_spec
+
+    gpu_type = _gpu_type(cuda, args)
+    for spec in LAYOUTS:
+        planned = plan_spec(MODELS / spec, f"2x{gpu_type}")
+        if not planned.plan.fits:
+            check.fail(f"{spec} on 2x{gpu_type}: {planned.plan.errors[0].message}")
+            continue
+        one = plan_spec(MODELS / spec, f"1x{gpu_type}")
+        planned = one if one.plan.fits else planned  # (two GPUs only where it needs them)
+        node = planned.plan.nodes[0]
+        on_gpu0 = [p for p in node.processes if 0 in p.gpus]
+        label = f"{spec} ({len(on_gpu0)} processes on GPU 0 of {len(node.gpus)}x{gpu_type})"
+        _hold_layout(check, label, planned, on_gpu0, cuda)
+
+
+def _hold_layout(check: Check, label: str, planned: Any, processes: list, cuda: bool) -> None:
+    """Every process of the layout on GPU 0 started together through the worker's launcher,
+    each stage holding what the plan gives it (bench/gpu_probe); then their reports read."""
+    import dataclasses
+
+    from bench import gpu_probe
+    from worker.runtime.host import HostConfig
+    from worker.runtime.process import StageProcess
+    from worker.stages import messages as m
+
+    node = planned.plan.nodes[0]
+    probe: dict[str, Any] = {"scale": 1.0 if cuda else DRY_SCALE, "dry_run": not cuda,
+                             "stages": {}, "groups": {}}  # fmt: skip
+    for p in processes:
+        probe["groups"][p.group] = {"runtime": p.memory_per_gpu.runtime,
+                                    "context": p.cuda_context_bytes}  # fmt: skip
+        for s in p.stages:
+            probe["stages"][s.stage] = {"weights": s.memory.weights,
+                                        "activations": s.memory.activations}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="gpu-check-probe-") as tmp:
+        checkpoint = gpu_probe.write_checkpoint(Path(tmp), probe)
+        inbox: queue.Queue = queue.Queue()
+        procs = []
+        t0 = time.perf_counter()
+        for p in processes:
+            cfg = HostConfig.of_process(p, node, planned.spec.model_dump_json(), str(checkpoint),
+                                        threads=1, shm_prefix=f"gpucheck{os.getpid()}",
+                                        families=("bench.gpu_probe",))  # fmt: skip
+            if not cuda:  # (the launcher's path on the CPU: no cap, nothing held on a GPU)
+                cfg = dataclasses.replace(cfg, device="cpu", budget=None)
+            procs.append(StageProcess(cfg, *_reporters(inbox, p.name)))
+        ready: dict[str, set[str]] = {p.name: set() for p in processes}
+        want = {p.name: {s.stage for s in p.stages} for p in processes}
+        fatal = []
+        deadline = time.monotonic() + 240
+        while any(ready[n] != want[n] for n in ready) and not fatal:
+            try:
+                name, msgs = inbox.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                fatal.append("not ready after 240 s")
+                break
+            for msg in msgs:
+                if msg[0] == m.READY:
+                    ready[name].add(msg[1])
+                elif msg[0] == m.FATAL:
+                    fatal.append(f"{name}: {msg[1].strip().splitlines()[-1]}")
+                elif msg[0] == "exit":
+                    fatal.append(f"{name} exited with {msg[1]}")
+        took = time.perf_counter() - t0
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.send((m.STOP,))
+                proc.flush()
+        for proc in procs:
+            proc.stop()
+        if fatal:
+            check.fail(f"{label}: " + "; ".join(fatal))
+            return
+        held = [json.loads(f.read_text()) for f in (checkpoint / "held").glob("*.json")]
+    _verdict(check, label, processes, node, held, took, cuda)
+
+
+def _reporters(inbox: queue.Queue, name: str) -> tuple[Callable, Callable]:
+    """A stage process's callbacks (its messages, its exit), into ``inbox`` with its name."""
+    return (lambda msgs: inbox.put((name, msgs)), lambda code: inbox.put((name, [("exit", code)])))
+
+
+def _verdict(check: Check, label: str, processes: list, node: Any, held: list, took: float,
+             cuda: bool) -> None:  # fmt: skip
+    """Each engine's pool the plan's; each process within its footprint; the GPU holds all."""
+    check.say(f"{label}: every stage ready in {took:.1f} s")
+    by_group: dict[str, list[dict]] = {}
+    for h in held:
+        by_group.setdefault(h["group"], []).append(h)
+    gpu = node.gpus[0]
+    total = 0
+    for p in processes:
+        footprint = p.memory_per_gpu.total
+        reports = by_group.get(p.group, [])
+        for s in p.stages:
+            if s.engine is not None:
+                pools = {r["kv_tokens"] for r in reports if r["stage"] == s.stage}
+                if pools != {s.kv_tokens}:
+                    check.fail(f"{p.name} {s.stage}: pools {pools}, the plan's {s.kv_tokens}")
+        if not cuda:
+            continue
+        # one report per stage and pid; a replica's processes share the group's name
+        for pid in {r["pid"] for r in reports}:
+            mine = [r for r in reports if r["pid"] == pid]
+            used = max((r["driver_used"] or 0) for r in mine)
+            reserved = max(r["reserved_peak"] for r in mine)
+            total += used or reserved + p.cuda_context_bytes
+            context = used - reserved if used else None
+            check.say(
+                f"  {p.name:<16} footprint {footprint / GIB:6.2f} GiB: allocator peak "
+                f"{reserved / GIB:6.2f}, driver's count {used / GIB if used else float('nan'):6.2f}"
+                f" (CUDA context {context / GIB if context else float('nan'):.2f}, planned "
+                f"{p.cuda_context_bytes / GIB:.2f})"
+            )
+            if used and used > footprint:
+                check.fail(f"{p.name} (pid {pid}) holds {used / GIB:.2f} GiB, past its "
+                           f"footprint {footprint / GIB:.2f}")  # fmt: skip
+    if cuda and total > gpu.capacity_bytes:
+        check.fail(f"{label}: {total / GIB:.2f} GiB held, past the GPU's {gpu.capacity_bytes}")
+
+
+# ---- (c) the stages that are not SGLang's ---------------------------------------------------
+
+# (name, spec at real size, tiny spec for a dry run, stage)
+STAGES = (
+    ("Qwen3-Omni audio encoder", "qwen3-omni-30b-a3b-speech.yaml", "tiny-omni.yaml",
+     "audio_encoder"),
+    ("Qwen3-Omni vision encoder", "qwen3-omni-30b-a3b-speech.yaml", "tiny-omni.yaml",
+     "image_encoder"),
+    ("Qwen3-Omni code2wav", "qwen3-omni-30b-a3b-speech.yaml", "tiny-omni.yaml", "code2wav"),
+    ("Qwen3-TTS vocoder", "qwen3-tts-12hz-1.7b.yaml", "tiny-qwen3-tts.yaml", "vocoder"),
+)  # fmt: skip
+SNR_DB = {"bf16": 20.0, "fp32": 40.0}  # the least a GPU's audio may differ from the CPU's
+REL_ERR = {"bf16": 0.05, "fp32": 1e-3}  # the most a GPU's embeddings / logits may differ
+
+
+def _stages(check: Check, cuda: bool, args: argparse.Namespace) -> None:
+    import torch
+
+    device = "cuda:0" if cuda else "cpu"
+    for name, real, tiny, stage in STAGES:
+        spec_path = MODELS / (real if cuda else tiny)
+        ref = _executor(spec_path, stage, "cpu", cuda)
+        run = _executor(spec_path, stage, device, cuda, dtype=None if cuda else "bf16")
+        dtype = str(run.ctx.dtype)
+        if stage.endswith("encoder"):
+            got, want, times, syncs = _encode_both(ref, run, stage, cuda)
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            verdict = err <= REL_ERR[dtype]
+            what = f"relative error {err:.2e} (at most {REL_ERR[dtype]:.0e})"
+        else:
+            got, want, times, syncs = _vocode_both(ref, run, 120 if cuda else 40)
+            snr = _snr(want, got)
+            verdict = snr >= SNR_DB[dtype]
+            what = f"SNR {snr:.1f} dB against the CPU's fp32 (at least {SNR_DB[dtype]:.0f})"
+        check.say(f"{name} ({stage}, {dtype} on {device}): {what}; step "
+                  f"{np.median(times) * 1000:.2f} ms median over {len(times)}, "
+                  f"{np.mean(syncs):.1f} host synchronisations a step")  # fmt: skip
+        if not verdict:
+            check.fail(f"{name}: {what}")
+        del ref, run
+        if cuda:
+            torch.cuda.empty_cache()
+    _code_predictors(check, device, cuda)
+
+
+def _executor(
+    spec_path: Path,
+    stage: str,
+    device: str,
+    real: bool,
+    dtype: str | None = None,
+    tokenizer_from: Path | None = None,
+):
+    """A stage's executor on ``device`` with the seeded random weights (the same on every
+    device), in the spec's dtype there (``dtype`` to force one). The real configs come without
+    a tokenizer: ``tokenizer_from`` (a tiny spec) lends its checkpoint's."""
     from planner.loader import load_spec
     from worker.contract.stage_context import StageContext
     from worker.models.checkpoint import resolve_checkpoint
     from worker.models.registry import make_executor
 
-    real_spec, tiny_spec, stages = CHECKS[name]
-    spec_path = MODELS / (real_spec if real else tiny_spec)
     spec = load_spec(spec_path).spec
-    if not cuda:
-        for stage in spec.stages.values():
-            stage.dtype = "fp32"
-    plan = plan_spec(spec_path, GPU).plan if real else None
-    planned = {
-        sp.stage: sp.memory.weights
-        for node in (plan.nodes if plan else [])
-        for pp in node.processes
-        for sp in pp.stages
-    }
-    kv_tokens = {  # the KV pools the plan sizes (SGLang's pool under the thinker takes it)
-        sp.stage: sp.kv_tokens
-        for node in (plan.nodes if plan else [])
-        for pp in node.processes
-        for sp in pp.stages
-    }
-    cache = Path.home() / ".cache" / "omni-fleet"
-    checkpoint = resolve_checkpoint(spec, spec_path, cache)
-    if real and name in TINY_FOR:
-        tiny_path = MODELS / TINY_FOR[name]
-        tiny = resolve_checkpoint(load_spec(tiny_path).spec, tiny_path, cache)
-        checkpoint = _with_tiny_tokenizer(checkpoint, tiny)
-    device = "cuda:0" if cuda else "cpu"
-    executors = {}
-    print(f"{'stage':<14} {'planned MB':>11} {'loaded MB':>11} {'peak MB':>9} {'load s':>7}")
-    for stage_name in stages:
-        stage = spec.stages[stage_name]
-        ctx = StageContext(
-            name=stage_name,
-            spec=spec,
-            stage=stage,
-            checkpoint=checkpoint,
-            device=device if stage.device != "cpu" else "cpu",
-            max_running_requests=stage.engine.max_running_requests,
-            kv_tokens=kv_tokens.get(stage_name, 0),
-            # Omni draws random weights at tiny size too (the seeded tiny talker can end before
-            # its first audio); TTS and ASR run their tiny checkpoints as served
-            extra={"random_weights": real or name.startswith("omni")},
-        )
-        base = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        ex = make_executor(ctx)
-        ex.load()
-        ex.warmup()
-        took = time.perf_counter() - t0
-        peak = (torch.cuda.max_memory_allocated() - base) if cuda else 0
-        loaded = ctx.extra.get("loaded")
-        loaded_bytes = loaded.elements * stage.dtype.bytes if loaded else 0
-        print(
-            f"{stage_name:<14} {planned.get(stage_name, 0) / 1e6:>11.1f} "
-            f"{loaded_bytes / 1e6:>11.1f} {peak / 1e6:>9.1f} {took:>7.1f}"
-        )
-        executors[stage_name] = ex
-    return executors
+    st = spec.stages[stage].model_copy(deep=True)
+    st.engine.encoder_cache_bytes = 0
+    if dtype:
+        st.dtype = dtype
+    cache = Path(tempfile.gettempdir()) / "omni-gpu-check-cache"
+    if real:
+        checkpoint = (spec_path.parent / spec.model_dir).resolve()
+        if tokenizer_from is not None:
+            tiny = load_spec(tokenizer_from).spec
+            lender = resolve_checkpoint(tiny, tokenizer_from, cache, log=lambda _m: None)
+            checkpoint = _with_tokenizer(checkpoint, lender)
+    else:
+        checkpoint = resolve_checkpoint(spec, spec_path, cache, log=lambda _m: None)
+    ctx = StageContext(stage, spec, st, checkpoint, device, 8, extra={"random_weights": True})
+    ex = make_executor(ctx)
+    ex.load()
+    return ex
 
 
-def _with_tiny_tokenizer(real: Path, tiny: Path) -> Path:
-    """A copy of the real config directory that the tiny checkpoint's tokenizer can drive: its
-    config files, with the text token ids the tiny config names (``*_token_id`` outside the
-    talker's codec vocabulary) set to the tiny tokenizer's; the tokenizer, chat template and
-    generation defaults from the tiny checkpoint. No weights: the stages draw them."""
+def _with_tokenizer(real: Path, tiny: Path) -> Path:
+    """A copy of a real config folder with a tiny checkpoint's tokenizer files, the text token
+    ids the tiny config names set to the tiny tokenizer's; no weights (the stage draws them)."""
+    import shutil
+
     out = Path(tempfile.mkdtemp(prefix=f"gpu-check-{real.name}-"))
-    atexit.register(shutil.rmtree, out, True)
     shutil.copytree(real, out, dirs_exist_ok=True)
     for f in tiny.iterdir():
-        if f.is_file() and (f.name.startswith(("tokenizer", "chat_template", "special_tokens"))
-                            or f.name == "generation_config.json"):  # fmt: skip
+        if f.is_file() and f.name.startswith(("tokenizer", "chat_template", "special_tokens",
+                                               "vocab", "merges")):  # fmt: skip
             shutil.copyfile(f, out / f.name)
     config = json.loads((out / "config.json").read_text())
-    tiny_config = json.loads((tiny / "config.json").read_text())
+    small = json.loads((tiny / "config.json").read_text())
     for key in ("", "thinker_config"):
-        src = tiny_config.get(key, {}) if key else tiny_config
-        dst = config.get(key, {}) if key else config
+        src, dst = (small.get(key, {}), config.get(key, {})) if key else (small, config)
         for k, v in src.items():
             if k.endswith("_token_id") and isinstance(v, int) and k in dst:
                 dst[k] = v
@@ -198,174 +406,313 @@ def _with_tiny_tokenizer(real: Path, tiny: Path) -> Path:
     return out
 
 
-def _drive_tts(executors: dict, new_tokens: int, concurrency: int) -> None:
-    """``concurrency`` cloned-voice requests at once (a 3 s reference with its transcript:
-    reference codes, speaker embedding, talker, chunked decode) through preprocessing ->
-    tts_engine => vocoder."""
-    from worker.contract.options import RequestInput, SpeechOptions
-    from worker.stages.base import REQUEST_INPUT, RequestMeta
+def _timed_steps(ex, cuda: bool, until: Callable[[list], bool]) -> tuple[list, list, list]:
+    """Steps ``ex`` until ``until(outputs)``: the outputs, each step's time and its host
+    synchronisations (torch's sync debug mode warns at each)."""
+    import torch
 
-    pre, talker, vocoder = (executors[s] for s in ("preprocessing", "tts_engine", "vocoder"))
-    t = np.arange(72_000) / 24_000
-    voice = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype("f4")
-    opts = SpeechOptions(ref_text="a reference voice", voice_key="bench")
-    meta = RequestMeta("speech", frozenset({"audio"}))
-    t0 = time.perf_counter()
-    rids = [f"r{i}" for i in range(concurrency)]
-    for i, rid in enumerate(rids):
-        req = RequestInput("speech", text=f"Hello number {i} from the GPU check. " * 4,
-                           voice="bench", voice_audio=voice, speech=opts)  # fmt: skip
-        pre.start(rid, meta, {REQUEST_INPUT: req})
-        ((kind, _, payload),) = pre.step()
-        if kind != "final":
-            raise RuntimeError(f"preprocessing refused the request: {payload}")
-        payload["max_new"] = new_tokens
-        talker.start(rid, meta, {"preprocessing": payload})
-        vocoder.start(rid, meta, {})
-    first: dict[str, float] = {}
-    samples = frames = 0
-    left = concurrency
-    while left:
-        for kind, rid, data in talker.step() if talker.next_deadline() is not None else []:
-            if kind == "chunk":
-                frames += not data.context
-                vocoder.feed(rid, "tts_engine", data)
-            elif kind == "end":
-                vocoder.end_stream(rid, "tts_engine", data)
-        heard, ended = _vocode(vocoder, t0, first)
-        samples, left = samples + heard, left - ended
-    _report_speech(concurrency, first, samples, time.perf_counter() - t0)
-    print(f"talker frames        {frames:8d} ({frames / (time.perf_counter() - t0):.1f} frames/s)")
+    outs, times, syncs = [], [], []
+    while not until(outs):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            t0 = time.perf_counter()
+            got = ex.step()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode(0)
+            dt = time.perf_counter() - t0
+        if got:
+            outs += got
+            times.append(dt)
+            syncs.append(sum("synchroniz" in str(w.message) for w in seen))
+        else:
+            time.sleep(0.002)
+    return outs, times, syncs
 
 
-def _vocode(vocoder, t0: float, first: dict[str, float]) -> tuple[int, int]:
-    """One step of a vocoder stage, if it has work: (samples it put out, requests it ended);
-    each request's first audio is timed into ``first``."""
-    samples = ended = 0
-    for kind, rid, data in vocoder.step() if vocoder.next_deadline() is not None else []:
-        if kind == "out":
-            first.setdefault(rid, time.perf_counter() - t0)
-            samples += len(data[1])
-        ended += kind == "done"
-    return samples, ended
-
-
-def _report_speech(concurrency: int, first: dict[str, float], samples: int, total: float) -> None:
-    """First packet (median and worst over the requests) and the real-time factor of one
-    stream (wall time over a stream's mean audio: below 1 is faster than real time)."""
-    firsts = sorted(first.values())
-    seconds = samples / 24_000
-    rtf = total / max(seconds / concurrency, 1e-9)
-    print(f"c={concurrency:<3} first packet {firsts[len(firsts) // 2] * 1000:8.1f} ms (median), "
-          f"{firsts[-1] * 1000:8.1f} ms (worst)")  # fmt: skip
-    print(f"c={concurrency:<3} audio {seconds:8.2f} s in {total:.2f} s: {seconds / total:.2f} "
-          f"audio-s/s, real-time factor per stream {rtf:.2f}")  # fmt: skip
-
-
-def _drive_asr(asr, seconds: float) -> None:
-    """One transcription of ``seconds`` of speech-like audio (bursts and pauses)."""
-    from worker.contract.options import RequestInput
-    from worker.stages.base import REQUEST_INPUT, RequestMeta
+def _encode_both(ref, run, stage: str, cuda: bool):
+    from worker.stages.base import FINAL, RequestMeta
 
     rng = np.random.default_rng(0)
-    n = int(seconds * 16_000)
-    t = np.arange(n) / 16_000
-    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * (np.sin(2 * np.pi * 0.7 * t) > 0)
-    wav = (wav + 0.01 * rng.standard_normal(n)).astype("f4")
-    t0 = time.perf_counter()
-    asr.start("r", RequestMeta("transcription", frozenset({"text"})),
-              {REQUEST_INPUT: RequestInput("transcription", audio=wav)})  # fmt: skip
-    first = None
-    info: dict = {}
-    while asr.queue_depth():
-        for kind, _, data in asr.step():
-            if kind == "out" and not str(data[1]).startswith("\x00"):
-                first = first or time.perf_counter() - t0
-            elif kind == "done":
-                info = data
-            elif kind == "invalid":
-                raise RuntimeError(f"asr refused the request: {data}")
-    total = time.perf_counter() - t0
-    print(f"time to text         {(first or total) * 1000:8.1f} ms")
-    print(f"tokens               {info.get('prompt_tokens', 0):8d} prompt, "
-          f"{info.get('completion_tokens', 0)} generated")  # fmt: skip
-    print(f"audio                {seconds:8.2f} s in {total:.2f} s "
-          f"(real-time factor {total / seconds:.3f})")  # fmt: skip
+    if stage == "audio_encoder":
+        mels = ref.config.thinker_config.audio_config.num_mel_bins
+        frames = 3000 if cuda else 300  # (30 s of audio)
+        x = rng.standard_normal((mels, frames), dtype=np.float32)
+        payload, key = {"audio_features": x, "audio_lens": [frames]}, "audio_embeds"
+    else:
+        cfg = ref.config.thinker_config.vision_config
+        dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+        side = 2 * cfg.spatial_merge_size * (8 if cuda else 1)
+        grid = np.array([[1, side, side]], dtype=np.int64)
+        pixels = rng.standard_normal((int(grid.prod()), dim), dtype=np.float32)
+        payload, key = {"pixel_values": pixels, "image_grid": grid}, "image_embeds"
+    got = {}
+    times: list[float] = []
+    syncs: list[int] = []
+    for ex, on in ((ref, False), (run, cuda)):
+        for i in range(3):  # (the first warms up; the last two are timed)
+            ex.start(f"r{i}", RequestMeta("chat", frozenset({"text"})), {"preprocessing": payload})
+            outs, t, s = _timed_steps(ex, on, lambda o: any(k == FINAL for k, *_ in o))
+            if ex is run and i:
+                times += t
+                syncs += s
+        got[ex is run] = next(d for k, _, d in outs if k == FINAL)[key].cpu()
+    return got[True], got[False], times, syncs
 
 
-def _prompt_ids(thinker, prompt_tokens: int, salt: int = 0) -> list[int]:
+def _vocode_both(ref, run, frames: int):
+    """The same codes streamed through both vocoders a few frames at a time, as a talker
+    feeds them: the CPU's PCM, the GPU's, and the GPU's steps."""
+    from worker.stages.base import DONE, OUT, RequestMeta
+    from worker.stages.payloads import CodeFrames
+
+    groups, size = _code_shape(ref)
+    codes = np.random.default_rng(1).integers(0, size, (frames, groups)).astype(np.int64)
+    pcm = {}
+    times: list[float] = []
+    syncs: list[int] = []
+    for ex in (ref, run):
+        ex.start("r", RequestMeta("speech", frozenset({"audio"})), {})
+        for at in range(0, frames, 4):
+            ex.feed("r", "talker", CodeFrames(codes[at : at + 4]))
+        ex.end_stream("r", "talker", {})
+        cuda = ex.ctx.device.startswith("cuda")
+        outs, t, s = _timed_steps(ex, cuda, lambda o: any(k == DONE for k, *_ in o))
+        pcm[ex is run] = np.concatenate([d[1] for k, _, d in outs if k == OUT])
+        if ex is run:
+            times, syncs = t, s
+    return pcm[True], pcm[False], times, syncs
+
+
+def _code_shape(ex) -> tuple[int, int]:
+    """(code groups, codebook size) of a vocoder executor's model."""
+    model = getattr(ex, "model", None)
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "num_quantizers"):  # Qwen3-Omni's code2wav
+        return int(cfg.num_quantizers), int(cfg.codebook_size)
+    dec = ex.ctx.checkpoint / ex.ctx.stage.component.config_dir / "config.json"
+    d = json.loads(dec.read_text())["decoder_config"]
+    return int(d["num_quantizers"]), int(d["codebook_size"])
+
+
+def _snr(reference: np.ndarray, got: np.ndarray) -> float:
+    a = reference.astype(np.float64)
+    b = got.astype(np.float64)
+    n = min(len(a), len(b))
+    noise = np.sum((a[:n] - b[:n]) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(a[:n] ** 2) / noise))
+
+
+def _code_predictors(check: Check, device: str, cuda: bool) -> None:
+    """The talkers' code predictors (a frame's groups after its first, one pass each): Qwen3-
+    TTS's (``CodePredictor.predict``) and Qwen3-Omni's (its talker's ``residual_codes``), in bf16
+    on the device against fp32 on the CPU: the first pass's logits, then a frame's time and host
+    synchronisations, for 16 rows at once."""
+    import torch
+
+    for name, build in (("Qwen3-TTS", _tts_predictor), ("Qwen3-Omni", _omni_predictor)):
+        results = []
+        for on, dt in (("cpu", torch.float32), (device, torch.bfloat16)):
+            first_logits, frame = build(cuda, on, dt)
+            with torch.inference_mode():
+                logits = first_logits().float().cpu()
+                times, syncs = _timed(frame, on, 4)
+            results.append((logits, times[1:], syncs[1:]))
+        (want, _, _), (got, times, syncs) = results
+        err = float((got - want).norm() / want.norm())
+        what = f"first pass's logits: relative error {err:.2e} (at most {REL_ERR['bf16']:.0e})"
+        check.say(f"{name} code predictor (16 rows, bf16 on {device}): {what}; a frame "
+                  f"{np.median(times) * 1000:.2f} ms, {np.mean(syncs):.1f} host "
+                  "synchronisations")  # fmt: skip
+        if err > REL_ERR["bf16"]:
+            check.fail(f"{name} code predictor: {what}")
+
+
+def _timed(run: Callable[[], Any], device: str, n: int) -> tuple[list[float], list[int]]:
+    import torch
+
+    cuda = device.startswith("cuda")
+    times, syncs = [], []
+    for _ in range(n):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            t0 = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode(0)
+            times.append(time.perf_counter() - t0)
+            syncs.append(sum("synchroniz" in str(w.message) for w in seen))
+    return times, syncs
+
+
+def _inputs(width: int, device: str, dtype: Any, rows: int = 16) -> tuple[Any, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+    return tuple(
+        (torch.randn(rows, 1, width, generator=gen) * 0.5).to(device, dtype) for _ in range(2)
+    )
+
+
+def _tts_predictor(real: bool, device: str, dtype: Any) -> tuple[Callable, Callable]:
+    import torch
+
+    from worker.layers.module_weights import random_into
+    from worker.models.qwen3_tts.modeling import CodePredictor
+
+    folder = "Qwen--Qwen3-TTS-12Hz-1.7B-Base" if real else "tiny-qwen3-tts-custom-voice"
+    tc = json.loads((MODELS.parent / "hf" / folder / "config.json").read_text())["talker_config"]
+    with torch.device("meta"):
+        cp = CodePredictor(tc["code_predictor_config"], tc["hidden_size"])
+    random_into(cp, device=device, dtype=dtype)
+    cp.eval()
+    hidden, first = _inputs(tc["hidden_size"], device, dtype)
+
+    def first_logits() -> Any:
+        return cp.lm_head[0](cp._proj(torch.cat([hidden, first], dim=1))[:, -1])
+
+    return first_logits, lambda: cp.predict(hidden, first)
+
+
+def _omni_predictor(real: bool, device: str, dtype: Any) -> tuple[Callable, Callable]:
+    import types
+
+    import torch
+
+    from planner.spec import ComponentSpec
+    from worker.contract.sampling import SamplerState, Sampling
+    from worker.layers.stage_weights import random_stage_module
+    from worker.models.qwen3_omni.talker_sglang import residual_codes
+
+    folder = MODELS.parent / "hf" / ("Qwen--Qwen3-Omni-30B-A3B-Instruct" if real else "tiny-omni")
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    predictor, _ = random_stage_module(folder, ComponentSpec(module="talker.code_predictor"),
+                                       name, device)  # fmt: skip
+    embed, _ = random_stage_module(folder, ComponentSpec(module="talker.model.codec_embedding"),
+                                   name, device)  # fmt: skip
+    tc = json.loads((folder / "config.json").read_text())["talker_config"]
+    talker = types.SimpleNamespace(
+        code_predictor=predictor,
+        config=types.SimpleNamespace(num_code_groups=tc.get("num_code_groups", 16)),
+    )
+    width = embed.weight.shape[1]
+    past, _ = _inputs(width, device, dtype)
+    first = torch.arange(16, device=device)[:, None] % embed.weight.shape[0]
+    rows = [types.SimpleNamespace(rest_picks=SamplerState.of(Sampling(temperature=0.0), []))
+            for _ in range(16)]  # fmt: skip
+
+    def first_logits() -> Any:
+        out = predictor.model(inputs_embeds=torch.cat([past, embed(first)], dim=1))
+        return predictor.lm_head[0](out.last_hidden_state[:, -1])
+
+    return first_logits, lambda: residual_codes(talker, embed, past, first, rows)
+
+
+# ---- (d) SGLang's CUDA path -------------------------------------------------------------------
+
+
+def _sglang(check: Check, cuda: bool, args: argparse.Namespace) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        check.skipped = "SGLang is not installed here"
+        return
+    for model in ("omni", "asr"):
+        cmd = [
+            sys.executable,
+            __file__,
+            "--sglang-one",
+            model,
+            *(["--dry-run"] if not cuda else []),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        for ln in lines:
+            check.say(ln.removeprefix("RESULT "))
+        if out.returncode or not lines:
+            check.fail(f"{model}: exit {out.returncode}: {out.stderr.strip().splitlines()[-3:]}")
+
+
+def _sglang_one(model: str, dry: bool) -> int:
+    """One engine in a process of its own (SGLang builds its process groups once a process):
+    time to first token and tokens/s at concurrency 1 and 32."""
+    import torch
+
+    from worker.stages.base import RequestMeta
+
+    cuda = torch.cuda.is_available() and not dry
+    device = "cuda:0" if cuda else "cpu"
+    if model == "omni":
+        ex = _executor(MODELS / "tiny-omni.yaml", "thinker", device, False,
+                       dtype="bf16" if cuda else None)  # fmt: skip
+        for c in (1, 32):
+            ttft, rate = _thinker_at(ex, c, RequestMeta)
+            print(
+                f"RESULT tiny-omni thinker ({ex.ctx.dtype} on {device}) c={c}: time to first "
+                f"token {ttft * 1000:.1f} ms (median), {rate:.1f} tokens/s",
+                flush=True,
+            )
+    else:
+        spec = MODELS / ("qwen3-asr-0.6b.yaml" if cuda else "tiny-qwen3-asr.yaml")
+        ex = _executor(spec, "asr", device, cuda, tokenizer_from=MODELS / "tiny-qwen3-asr.yaml")
+        for c in (1, 32):
+            ttft, rate = _asr_at(ex, c)
+            print(f"RESULT Qwen3-ASR{' 0.6B' if cuda else ' tiny'} ({ex.ctx.dtype} on {device}) "
+                  f"c={c}: time to first token {ttft * 1000:.1f} ms (median), {rate:.1f} "
+                  "tokens/s", flush=True)  # fmt: skip
+    return 0
+
+
+def _thinker_at(thinker, concurrency: int, meta_cls) -> tuple[float, float]:
     cfg = json.loads((thinker.ctx.checkpoint / "config.json").read_text())
-    big = cfg["thinker_config"]["text_config"]["vocab_size"] > 2000
-    text = [(1000 if big else 10) + (i * 7 + salt) % (1000 if big else 90)
-            for i in range(prompt_tokens)]  # fmt: skip
-    ids = [cfg["im_start_token_id"], cfg["user_token_id"], salt + 11, *text]
-    return [*ids, cfg["im_end_token_id"], cfg["im_start_token_id"], cfg["assistant_token_id"]]
-
-
-def _thinker_at(thinker, concurrency: int, prompt_tokens: int, new_tokens: int, meta_cls) -> None:
-    """The thinker alone (text out) with ``concurrency`` requests at once, each its own prompt
-    (no shared prefix): time to first token (median) and tokens/s."""
-    meta = meta_cls("chat", frozenset({"text"}), max_tokens=new_tokens)
+    meta = meta_cls("chat", frozenset({"text"}), max_tokens=32)
     t0 = time.perf_counter()
     for i in range(concurrency):
-        ids = _prompt_ids(thinker, prompt_tokens, salt=i + 1)
+        text = [10 + (k * 7 + i) % 90 for k in range(200)]
+        ids = [cfg["im_start_token_id"], cfg["user_token_id"], *text, cfg["im_end_token_id"],
+               cfg["im_start_token_id"], cfg["assistant_token_id"]]  # fmt: skip
         thinker.start(f"c{i}", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
     first: dict[str, float] = {}
     left, tokens = concurrency, 0
     while left:
         for kind, rid, payload in thinker.step() if thinker.next_deadline() is not None else []:
-            if kind == "chunk" and payload.tokens:
+            if kind == "chunk" and getattr(payload, "tokens", None):
                 first.setdefault(rid, time.perf_counter() - t0)
                 tokens += len(payload.tokens)
             elif kind == "done":
                 left -= 1
-    wall = time.perf_counter() - t0
-    ttft = sorted(first.values())[len(first) // 2] if first else float("nan")
-    print(f"thinker c={concurrency:<3} time to first token {ttft * 1000:8.1f} ms (median), "
-          f"{tokens / wall:8.1f} tokens/s")  # fmt: skip
+    firsts = sorted(first.values())
+    return firsts[len(firsts) // 2], tokens / (time.perf_counter() - t0)
 
 
-def _drive_talker(executors, prompt_tokens: int, new_tokens: int, concurrency: int) -> None:
-    """``concurrency`` spoken replies at once through talker => code2wav, the thinker's part
-    synthetic (random prompt states and reply embeddings of the real widths, all there at
-    the start): the talker's and the vocoder's own speed."""
-    from worker.stages.base import RequestMeta
+def _asr_at(asr, concurrency: int) -> tuple[float, float]:
+    from worker.contract.options import RequestInput
+    from worker.stages.base import REQUEST_INPUT, RequestMeta
 
-    talker, code2wav = executors["talker"], executors["code2wav"]
-    cfg, width = talker.config, talker.tc.thinker_hidden_size
-    outputs = frozenset({"text", "audio"})
     rng = np.random.default_rng(0)
-    rids = [f"t{i}" for i in range(concurrency)]
-    for i, rid in enumerate(rids):
-        text = [10 + (i + k) % 90 for k in range(prompt_tokens)]
-        ids = [cfg.im_start_token_id, cfg.user_token_id, *text, cfg.im_end_token_id,
-               cfg.im_start_token_id, cfg.assistant_token_id, 10]  # fmt: skip
-        meta = RequestMeta("chat", outputs, voice="ethan")
-        talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
-        code2wav.start(rid, RequestMeta("chat", outputs), {})
-        states = rng.standard_normal((2, len(ids), width)).astype(np.float32) * 0.02
-        reply = rng.standard_normal((new_tokens, width)).astype(np.float32) * 0.02
-        talker.feed(rid, "thinker", {
-            "tokens": list(range(11, 11 + new_tokens)), "embeds": reply,
-            "prompt_embed": states[0], "prompt_hidden": states[1], "tts_embeds": reply[:3],
-        })  # fmt: skip
-        talker.end_stream(rid, "thinker", {"finish_reason": "stop"})
+    n = 16_000 * 5
+    t = np.arange(n) / 16_000
     t0 = time.perf_counter()
-    first_audio: dict[str, float] = {}
-    samples = 0
-    left = concurrency
-    while left:
-        for kind, rid, payload in talker.step() if talker.next_deadline() is not None else []:
-            if kind == "chunk":
-                code2wav.feed(rid, "talker", payload)
-            elif kind == "end":
-                code2wav.end_stream(rid, "talker", payload)
-            elif kind == "invalid":
-                raise RuntimeError(f"the talker refused {rid}: {payload}")
-        heard, ended = _vocode(code2wav, t0, first_audio)
-        samples, left = samples + heard, left - ended
-    _report_speech(concurrency, first_audio, samples, time.perf_counter() - t0)
+    for i in range(concurrency):
+        wav = 0.3 * np.sin(2 * np.pi * (200 + 10 * i) * t) + 0.01 * rng.standard_normal(n)
+        request = RequestInput("transcription", audio=wav.astype("f4"))
+        asr.start(
+            f"r{i}", RequestMeta("transcription", frozenset({"text"})), {REQUEST_INPUT: request}
+        )
+    first: dict[str, float] = {}
+    tokens = 0
+    while asr.queue_depth():
+        for kind, rid, data in asr.step():
+            if kind == "out" and not str(data[1]).startswith("\x00"):
+                first.setdefault(rid, time.perf_counter() - t0)
+            elif kind == "done":
+                tokens += int(data.get("completion_tokens", 0))
+    firsts = sorted(first.values()) or [float("nan")]
+    return firsts[len(firsts) // 2], tokens / (time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

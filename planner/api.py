@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.engine_plan import engine_plan
 from planner.errors import PlannerError
 from planner.estimate import StageFacts, stage_budget, stage_facts
 from planner.inventory import Inventory, Node, resolve_inventory
-from planner.loader import load_spec
+from planner.loader import NodeKind, load_spec
 from planner.overrides import Provenance
 from planner.placement import Issue, NodeLayout, Placer, Unit, build_units
 from planner.plan import (
@@ -29,7 +30,7 @@ from planner.plan import (
     ReplicaPlan,
     StagePlacement,
 )
-from planner.spec import Device, ModelSpec
+from planner.spec import Device, DType, ModelSpec
 
 __all__ = ["PlanResult", "PlannerError", "build_plan", "plan_spec"]
 
@@ -61,18 +62,29 @@ def plan_spec(
     layout that does not fit is ``plan.fits == False`` with ``plan.errors``. ``model_dir``: a
     checkpoint directory that replaces the spec's own (see :mod:`planner.model_dir`).
     """
-    loaded = load_spec(spec_path, overrides, override_file, model_dir)
+    inv = resolve_inventory(inventory)
+    node = node_kind(inv, inventory)
+    loaded = load_spec(spec_path, overrides, override_file, model_dir, node)
     if _cpu_only(inventory):
         moved = cpu_overrides(loaded.spec, overrides)
         if moved:  # the user's own overrides come last and win
-            loaded = load_spec(spec_path, (*moved, *overrides), override_file, model_dir)
-    inv = resolve_inventory(inventory)
+            loaded = load_spec(spec_path, (*moved, *overrides), override_file, model_dir, node)
     plan = build_plan(loaded.spec, loaded.spec_path, inv, max_replicas_per_node)
     return PlanResult(loaded.spec, loaded.spec_path, plan, loaded.provenance, inv)
 
 
 def _cpu_only(inventory: str | Path | Inventory | None) -> bool:
     return isinstance(inventory, str) and inventory.strip().lower() == "cpu"
+
+
+def node_kind(inventory: Inventory, given: object = None) -> NodeKind:
+    """What ``auto`` devices and dtypes resolve by: GPUs where any node of the inventory has
+    them (a fleet's CPU-only nodes then hold no replica), else the CPU."""
+    gpus = [g for n in inventory.nodes for g in n.gpus]
+    if not gpus:
+        return NodeKind(False, "a node without GPUs")
+    label = given if isinstance(given, str) else ", ".join(sorted({g.name for g in gpus}))
+    return NodeKind(True, f"a node with GPUs ({label})")
 
 
 def cpu_overrides(spec: ModelSpec, given: Sequence[str] = ()) -> list[str]:
@@ -109,6 +121,12 @@ def build_plan(
 ) -> LaunchPlan:
     if max_replicas_per_node is not None and max_replicas_per_node < 1:
         raise PlannerError(f"max_replicas_per_node must be at least 1, got {max_replicas_per_node}")
+    auto = [n for n, s in spec.stages.items() if s.device == Device.AUTO or s.dtype == DType.AUTO]
+    if auto:
+        raise PlannerError(
+            f"stages {', '.join(auto)} have device or dtype auto, which the node resolves: "
+            "load the spec with a node (planner.api.plan_spec, planner.loader.load_spec(node=))"
+        )
     facts = {name: stage_facts(spec, spec_path, name) for name in spec.stages}
     units = build_units(spec, facts)
     placer = Placer(units, inventory.catalog)
@@ -237,19 +255,17 @@ def _process(
     stages: list[StagePlacement] = []
     per_gpu = MemoryBudget()
     fraction: float | None = None
-    if gpus:
-        cost = placer.cost(u, node.gpus[gpus[0]])
+    gpu = node.gpus[gpus[0]] if gpus else None
+    if gpu is not None:
+        cost = placer.cost(u, gpu)
         per_gpu = MemoryBudget(runtime=cost.runtime)
-        shares = [f.stage.memory_share for f in u.gpu_stages]
-        if all(s is not None for s in shares):
-            fraction = round(sum(shares), 4)  # type: ignore[arg-type]
-        else:
-            fraction = round((cost.claimed - cost.runtime) / node.gpus[gpus[0]].memory_bytes, 4)
+        fraction = gpu.allocator_fraction(cost.claimed)
     first = True
     for f in u.stages:
-        on_gpu = f.stage.device == Device.GPU and gpus
+        on_gpu = f.stage.device == Device.GPU and gpu is not None
         if on_gpu:
-            b = placer.cost(u, node.gpus[gpus[0]]).budgets[f.name]
+            assert gpu is not None
+            b = placer.cost(u, gpu).budgets[f.name]
             mem, tokens = b.memory, b.kv_tokens
             per_gpu = _add(per_gpu, mem)
             for g in gpus:
@@ -273,6 +289,7 @@ def _process(
                 buffers=f.buffers,
                 kv_bytes_per_token=f.kv_bytes_per_token,
                 memory_share=f.stage.memory_share,
+                engine=engine_plan(f, gpu if on_gpu else None, tokens) if f.is_engine else None,
             )
         )
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
@@ -286,7 +303,8 @@ def _process(
         tp_size=u.tp,
         env=env,
         memory_per_gpu=per_gpu,
-        engine_fraction=fraction,
+        cuda_context_bytes=gpu.estimates.cuda_context_bytes if gpu is not None else 0,
+        allocator_fraction=fraction,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,9 @@ class Estimates(_Strict):
 
     reserved_bytes: int = Field(1 << 30, ge=0)
     runtime_bytes_per_process: int = Field(576 << 20, ge=0)
+    # the part of the runtime the CUDA driver holds outside torch's caching allocator (the
+    # context): what a process's allocator cap leaves out of its footprint
+    cuda_context_bytes: int = Field(512 << 20, ge=0)
     cuda_graph_bytes: int = Field(384 << 20, ge=0)
     activations: ActivationEstimates = Field(default_factory=ActivationEstimates)
 
@@ -38,11 +42,24 @@ class GpuType(_Strict):
     name: str
     memory_bytes: int = Field(gt=0)
     names: tuple[str, ...] = ()
+    # SGLang's attention backend for bf16/fp16 engines on this architecture (what SGLang 0.5.23
+    # picks itself: FlashAttention 3 on Hopper, TensorRT-LLM's on Blackwell, FlashInfer before;
+    # arg_groups/model_override_base.py, get_default_attn_backend); fp32 engines run triton
+    attention_backend: str = "flashinfer"
     estimates: Estimates = Field(default_factory=Estimates)
 
     @property
     def usable_bytes(self) -> int:
         return self.memory_bytes - self.estimates.reserved_bytes
+
+    def allocator_fraction(self, footprint_bytes: int) -> float:
+        """The share of this GPU a process's caching allocator may hold when the plan gives
+        the process ``footprint_bytes`` on it: all of it but the CUDA context, which the
+        driver holds outside the allocator (``torch.cuda.set_per_process_memory_fraction``
+        caps the allocator's reserved bytes only)."""
+        held = max(footprint_bytes - self.estimates.cuda_context_bytes, 0)
+        # (rounded up, at a millionth of the GPU: the cap never cuts into the footprint)
+        return min(1.0, math.ceil(held / self.memory_bytes * 1e6) / 1e6)
 
 
 class Catalog(_Strict):

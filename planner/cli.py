@@ -3,7 +3,8 @@
     omni-plan SPEC_OR_MODEL_DIR [--gpus 2xH100-80GB | --inventory FILE] [--json] [--svg FILE]
               [--override-file FILE] [--max-replicas-per-node N] [--model-dir DIR_OR_REPO]
               [--<stage>.<field> VALUE ...]
-    omni-plan explain SPEC PATH [--override-file FILE] [--<stage>.<field> VALUE ...]
+    omni-plan explain SPEC PATH [--gpus GPUS | --inventory FILE] [--override-file FILE]
+              [--<stage>.<field> VALUE ...]
 
 Exit status: 0 the plan fits; 1 it does not fit (the errors say where and what would fix it);
 2 the spec, an override or the inventory is invalid.
@@ -84,10 +85,16 @@ def _plan_parser() -> argparse.ArgumentParser:
 def _explain_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="omni-plan explain",
-        description="Where a resolved value came from and what it overrode.",
+        description="Where a resolved value came from and what it overrode; for "
+        "<stage>.sglang, the stage's SGLang engine as the plan starts it (its dtype, attention "
+        "backend, KV pool and server arguments). An auto device or dtype is resolved for the "
+        "node: --gpus or --inventory (default: no GPUs).",
     )
     p.add_argument("spec", help="a model spec (configs/models/*.yaml) or a model directory")
-    p.add_argument("path", help="stages.<stage>.<field> or <stage>.<field>")
+    p.add_argument("path", help="stages.<stage>.<field>, <stage>.<field> or <stage>.sglang")
+    where = p.add_mutually_exclusive_group()
+    _option(where, "--gpus", "GPUs of one node, e.g. 2xH100-80GB", metavar="GPUS")
+    _option(where, "--inventory", "YAML inventory of one or more nodes", type=Path, metavar="PATH")
     _option(
         p, "--override-file", "YAML of stages.<stage>.<field> values", type=Path, metavar="PATH"
     )
@@ -124,13 +131,45 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explain(argv: list[str]) -> int:
-    own, overrides = _split(argv, {"--override-file"})
+    own, overrides = _split(argv, {"--override-file", "--gpus", "--inventory"})
     ns = _explain_parser().parse_args(own)
-    from planner.loader import load_spec
+    from planner.api import plan_spec
 
-    loaded = load_spec(ns.spec, overrides, ns.override_file)
-    print(loaded.provenance.explain(ns.path))
+    inventory = ns.inventory if ns.inventory is not None else ns.gpus
+    result = plan_spec(ns.spec, inventory, overrides, ns.override_file)
+    path = ns.path.removeprefix("stages.")
+    stage, _, field = path.partition(".")
+    if field == "sglang":
+        print(_engine_text(result, stage))
+    else:
+        print(result.provenance.explain(ns.path))
     return EXIT_FITS
+
+
+def _engine_text(result: Any, stage: str) -> str:
+    """A stage's SGLang engine in the plan (its first replica): dtype, attention backend, KV
+    pool and the server arguments, with where its dtype and device came from."""
+    from planner.errors import OverrideError, unknown
+
+    placed = [
+        (p, s) for n in result.plan.nodes[:1] for p in n.processes if not p.replica
+        for s in p.stages if s.stage == stage
+    ]  # fmt: skip
+    if not placed:
+        raise OverrideError(unknown("stage", stage, result.spec.stages))
+    process, s = placed[0]
+    if s.engine is None:
+        return f"stages.{stage} is not an autoregressive stage: it runs no SGLang engine"
+    where = f"GPUs {process.gpus}" if process.gpus else "the CPU"
+    lines = [
+        f"stages.{stage}: SGLang engine in process {process.name} on {where}",
+        f"  dtype {s.dtype}: {result.provenance.get(f'stages.{stage}.dtype').origin.describe()}",
+        f"  attention backend {s.engine.attention_backend}",
+        f"  KV pool {s.kv_tokens:,} tokens, {s.engine.kv_bytes:,} bytes a rank",
+        "  SGLang arguments:",
+    ]
+    lines += [f"    {k} = {v}" for k, v in s.engine.sglang.items()]
+    return "\n".join(lines)
 
 
 def _plan(argv: list[str]) -> int:

@@ -9,7 +9,8 @@ Everything here is per tensor-parallel rank, in bytes:
   estimate (autoregressive: prefill_chunk_tokens x hidden x dtype bytes x factor + fp32 logits of
   max_running_requests x vocab; encoders/vocoders: a fixed workspace);
 * runtime (per process and GPU, outside any share): CUDA context, allocator slack, and CUDA graphs
-  for an autoregressive engine (``memory.runtime_bytes`` of a stage overrides it).
+  for an autoregressive engine of token prompts (``memory.runtime_bytes`` of a stage overrides
+  it).
 """
 
 from __future__ import annotations
@@ -176,10 +177,10 @@ def stage_budget(facts: StageFacts, gpu: GpuType | None) -> StageBudget:
             if facts.stage.engine.kv_budget_tokens:
                 tokens = min(tokens, facts.stage.engine.kv_budget_tokens)
             kv = tokens * per
-        else:
-            # What the weights leave of a non-autoregressive stage's share is its workspace:
-            # the plan then accounts for the whole share, as the GPU will.
-            act = max(act, share_bytes - weights)
+        # What the weights and the KV pool leave of a stage's share is its workspace: the plan
+        # then accounts for the whole share, as the GPU will (the process's allocator cap and
+        # the worker's check of free memory take the share whole)
+        act = max(act, share_bytes - weights - kv)
         mem = MemoryBudget(weights=weights, kv_cache=kv, activations=act)
         return StageBudget(mem, tokens, share_bytes)
     tokens = facts.required_kv_tokens
@@ -193,5 +194,7 @@ def process_runtime(stages: list[StageFacts], gpu: GpuType) -> int:
     if own:
         return max(own)
     est = gpu.estimates
-    graphs = est.cuda_graph_bytes if any(f.is_engine for f in stages) else 0
-    return est.runtime_bytes_per_process + graphs
+    # captured decode graphs: an engine of token prompts (an embeddings engine runs eagerly,
+    # planner.engine_plan)
+    captured = any(f.is_engine and f.stage.engine.prompt == "tokens" for f in stages)
+    return est.runtime_bytes_per_process + (est.cuda_graph_bytes if captured else 0)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from planner.errors import SpecError
 from planner.overrides import Origin, Override, Provenance, apply, parse_cli, parse_file
-from planner.spec import ModelSpec
+from planner.spec import Device, DType, ModelSpec
 from planner.yamlio import load_yaml
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
@@ -66,9 +66,11 @@ def load_spec(
     overrides: Sequence[str] = (),
     override_file: Path | str | None = None,
     model_dir: Path | None = None,
+    node: NodeKind | None = None,
 ) -> LoadedSpec:
     """``model_dir`` (resolved by :mod:`planner.model_dir`) replaces the spec's own: the same
-    stage graph on a downloaded checkpoint."""
+    stage graph on a downloaded checkpoint. ``node``: the kind of node the spec is planned on,
+    which resolves every ``auto`` device and dtype (None: they stay ``auto``)."""
     path = Path(spec_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -90,6 +92,8 @@ def load_spec(
     if model_dir is not None:
         raw = {**raw, "model_dir": str(model_dir)}
     resolved, prov = apply(raw, base, where, ovs)  # type: ignore[arg-type]
+    if node is not None:
+        _resolve_auto(resolved, prov, node)
     _cpu_stages_run_fp32(resolved, prov)
     try:
         spec = ModelSpec.model_validate(resolved)
@@ -99,6 +103,40 @@ def load_spec(
         raise SpecError(f"{path}: {exc}") from None
     _check_stage_settings(spec, path)
     return LoadedSpec(spec=spec, spec_path=path, provenance=prov)
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """What ``auto`` resolves by: whether the node has GPUs, and how it was named."""
+
+    gpus: bool
+    label: str  # e.g. "a node with GPUs (1xH100-80GB)"
+
+
+def _resolve_auto(resolved: dict, prov: Provenance, node: NodeKind) -> None:
+    """``device: auto``: a GPU where the node has GPUs, else the CPU (pins dropped there);
+    ``dtype: auto``: bf16 on a GPU, fp32 on the CPU. Recorded as resolved for the node, so
+    that ``omni-plan explain`` shows where the value came from."""
+    stages = resolved.get("stages")
+    if not isinstance(stages, dict):
+        return
+
+    def put(name: str, stage: dict, field: str, value: Any) -> None:
+        stage[field] = value
+        entry = prov.entries.get(f"stages.{name}.{field}")
+        if entry is not None:
+            entry.overrode.insert(0, entry.origin)
+            entry.value, entry.origin = value, Origin("node", node.label, value)
+
+    for name, stage in stages.items():
+        if not isinstance(stage, dict):
+            continue
+        if stage.get("device") == Device.AUTO:
+            put(name, stage, "device", Device.GPU.value if node.gpus else Device.CPU.value)
+            if not node.gpus and stage.get("gpus") is not None:
+                put(name, stage, "gpus", None)
+        if stage.get("dtype") == DType.AUTO:
+            put(name, stage, "dtype", DType.AUTO.on(stage.get("device", Device.GPU)).value)
 
 
 def _cpu_stages_run_fp32(resolved: dict, prov: Provenance) -> None:
@@ -129,7 +167,7 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
             raise SpecError(
                 f"{where}: a {stage.executor.value} stage needs a component (its weights)"
             )
-        cpu = stage.device.value == "cpu"
+        cpu = stage.device == Device.CPU
         # (on GPUs a stage's tp_size is its process's: its GPUs)
         if cpu and stage.tp_size != 1 and stage.executor.value != "autoregressive":
             raise SpecError(
@@ -151,7 +189,8 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
                 f"{where}.engine: max_new_tokens {stage.engine.max_new_tokens} exceeds "
                 f"context_length {stage.engine.context_length}"
             )
-    gpu_stages = {n: s for n, s in spec.stages.items() if s.device.value == "gpu"}
+    # (an unresolved auto stage is checked as the GPU stage it may become)
+    gpu_stages = {n: s for n, s in spec.stages.items() if s.device != Device.CPU}
     unpinned = [n for n, s in gpu_stages.items() if s.gpus is None]
     if unpinned and len(unpinned) < len(gpu_stages):
         raise SpecError(
@@ -159,10 +198,10 @@ def _check_stage_settings(spec: ModelSpec, path: Path) -> None:
             "stage (a fixed layout) or none (automatic placement)"
         )
     for group, names in spec.process_groups().items():
-        gpu = [spec.stages[n] for n in names if spec.stages[n].device.value == "gpu"]
+        gpu = [spec.stages[n] for n in names if spec.stages[n].device != Device.CPU]
         if len({s.tp_size for s in gpu}) > 1:
             sizes = {
-                n: spec.stages[n].tp_size for n in names if spec.stages[n].device.value == "gpu"
+                n: spec.stages[n].tp_size for n in names if spec.stages[n].device != Device.CPU
             }
             raise SpecError(
                 f"{path}: process {group!r} mixes tp_size {sizes}; GPU stages sharing a process "

@@ -26,7 +26,7 @@ def cpu_node_plan(
             stages=[
                 StagePlacement(
                     stage=s,
-                    dtype=spec.stages[s].dtype.value,
+                    dtype=spec.stages[s].dtype.on("cpu").value,
                     max_running_requests=spec.stages[s].engine.max_running_requests,
                 )
                 for s in stages

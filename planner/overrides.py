@@ -30,8 +30,9 @@ GRAPH_FIELDS = frozenset(
      "only_for_output"}
 )  # fmt: skip
 
-Source = Literal["default", "spec", "model-dir", "file", "cli"]
-LEVELS: tuple[Source, ...] = ("default", "spec", "model-dir", "file", "cli")
+# "node": an ``auto`` device or dtype resolved for the node planned on (planner.loader)
+Source = Literal["default", "spec", "model-dir", "file", "cli", "node"]
+LEVELS: tuple[Source, ...] = ("default", "spec", "model-dir", "file", "cli", "node")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Origin:
             return f"override file {self.where}"
         if self.source == "model-dir":
             return f"derived from {self.where}"
+        if self.source == "node":
+            return f"auto, resolved for {self.where}"
         return f"spec {self.where}"
 
 

@@ -6,9 +6,10 @@ Rules, in order:
 * otherwise each process is placed automatically: tensor-parallel ranks on distinct GPUs of the
   node, streaming neighbours on the same GPU where that fits, the fewest GPUs per replica
   (contiguous index windows, smallest first), then as many replicas per node as fit;
-* two autoregressive engines of one replica on one GPU form a *colocated* layout: every GPU
-  stage there must declare ``memory_share`` (each engine sizes its KV cache from what its share
-  leaves over), and shares + per-process runtime + reserved headroom must fit the GPU.
+* engines may share a GPU: each one's KV pool is the plan's, in tokens and bytes, whatever else
+  runs there (the worker sizes SGLang's pool from the plan, not from the GPU's free memory); a
+  stage that declares ``memory_share`` (a *colocated* layout's published profile) gets the KV
+  pool its share leaves over. Shares, budgets, per-process runtime and the reserve must fit.
 """
 
 from __future__ import annotations
@@ -37,14 +38,6 @@ class Unit:
     @property
     def gpu_stages(self) -> tuple[StageFacts, ...]:
         return tuple(f for f in self.stages if f.stage.device == Device.GPU)
-
-    @property
-    def engine(self) -> bool:
-        return any(f.is_engine for f in self.gpu_stages)
-
-    @property
-    def shared(self) -> bool:
-        return all(f.stage.memory_share is not None for f in self.gpu_stages)
 
 
 @dataclass(frozen=True)
@@ -183,32 +176,6 @@ class Placer:
             layout.replicas.append(assignment)
         return layout
 
-    def _colocation(self, node: Node, on_gpu: dict[int, list[Unit]]) -> list[Issue]:
-        issues = []
-        for g, units in sorted(on_gpu.items()):
-            engines = [u for u in units if u.engine]
-            if len(engines) < 2:
-                continue
-            missing = [f.name for u in units for f in u.gpu_stages if f.stage.memory_share is None]
-            if missing:
-                names = ", ".join(f.name for u in engines for f in u.gpu_stages if f.is_engine)
-                issues.append(
-                    Issue(
-                        g,
-                        0,
-                        f"node {node.name} GPU {g} ({node.gpus[g].name}) holds {len(engines)} "
-                        f"autoregressive engines of one replica ({names}): a colocated layout must "
-                        f"declare memory_share on every GPU stage there; missing on "
-                        f"{', '.join(missing)}",
-                        [
-                            "declare shares, e.g. the published H100 profile: encoders 0.02 + "
-                            "0.02, thinker 0.78, talker 0.10, code2wav 0.02",
-                            "or pin the engines to different GPUs",
-                        ],
-                    )
-                )
-        return issues
-
     def _pinned(
         self, node: Node, free: list[int], replica: int, diagnose: bool
     ) -> tuple[dict[str, tuple[int, ...]] | None, list[Issue]]:
@@ -237,7 +204,6 @@ class Placer:
                 on_gpu[g].append(u)
                 for p in cost.problems:
                     issues.append(Issue(g, 0, f"node {node.name} GPU {g}: {p}"))
-        issues += self._colocation(node, on_gpu)
         for g in sorted(used):
             over = used[g] - free[g]
             if over > 0:
@@ -287,22 +253,18 @@ class Placer:
         on_gpu: dict[int, list[Unit]] = defaultdict(list)
         assignment: dict[str, tuple[int, ...]] = {}
         for u in self._order():
-            ok, blocked_by_rule = [], False
+            ok = []
             for g in window:
                 cost = self.cost(u, node.gpus[g])
                 if cost.problems:
                     return None, Issue(g, 0, f"node {node.name} GPU {g}: {cost.problems[0]}")
                 if free[g] - used[g] < cost.claimed:
                     continue
-                there = [*on_gpu[g], u]
-                if sum(x.engine for x in there) >= 2 and not all(x.shared for x in there):
-                    blocked_by_rule = True
-                    continue
                 ok.append(g)
             near = {g for g in ok if any(x.group in u.neighbours for x in on_gpu[g])}
             ok.sort(key=lambda g: (g not in near, window.index(g)))
             if len(ok) < u.tp:
-                return None, self._unplaced(node, free, used, window, u, blocked_by_rule)
+                return None, self._unplaced(node, free, used, window, u)
             for g in ok[: u.tp]:
                 used[g] += self.cost(u, node.gpus[g]).claimed
                 on_gpu[g].append(u)
@@ -316,21 +278,11 @@ class Placer:
         used: dict[int, int],
         window: list[int],
         u: Unit,
-        blocked_by_rule: bool,
     ) -> Issue:
         room = sorted(window, key=lambda g: -(free[g] - used[g]))
         g = room[min(u.tp, len(room)) - 1]
         need = self.cost(u, node.gpus[g]).claimed
         over = need - (free[g] - used[g])
-        if over <= 0 and blocked_by_rule:
-            return Issue(
-                g,
-                0,
-                f"process {u.group} would share GPU {g} of node {node.name} with another "
-                "autoregressive engine of its replica; that colocated layout needs memory_share "
-                "on every GPU stage",
-                ["declare memory_share on every GPU stage", "or plan with more GPUs"],
-            )
         return self._overflow(node, g, [u], need, max(over, 1), free_bytes=free[g] - used[g])
 
     def _overflow(

@@ -7,10 +7,11 @@ plan read back from JSON is the same plan.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: each engine's SGLang arguments; processes' allocator caps
 
 
 class Frozen(BaseModel):
@@ -28,6 +29,14 @@ class MemoryBudget(Frozen):
         return self.weights + self.kv_cache + self.activations + self.runtime
 
 
+class EnginePlan(Frozen):
+    """An autoregressive stage's SGLang engine, as the worker starts it (planner.engine_plan)."""
+
+    attention_backend: str
+    kv_bytes: int  # its KV pool per rank: kv_tokens x the bytes a token's KV takes on a rank
+    sglang: dict[str, Any]  # SGLang's server arguments (run-time: the model path, ranks' port)
+
+
 class StagePlacement(Frozen):
     """One stage inside one process, on one device (per TP rank for GPU stages)."""
 
@@ -40,6 +49,7 @@ class StagePlacement(Frozen):
     buffers: int = 0  # stored (persistent) buffer elements, counted with the weights
     kv_bytes_per_token: int = 0  # whole model, all TP ranks together
     memory_share: float | None = None  # the declared share of a colocated layout
+    engine: EnginePlan | None = None  # an autoregressive stage's SGLang engine
 
 
 class ProcessPlan(Frozen):
@@ -51,8 +61,14 @@ class ProcessPlan(Frozen):
     gpus: list[int] = Field(default_factory=list)  # node-local indices, one per TP rank
     tp_size: int = 1
     env: dict[str, str] = Field(default_factory=dict)  # includes CUDA_VISIBLE_DEVICES
+    # the process's footprint on each of its GPUs: runtime (CUDA context, workspaces, CUDA
+    # graphs) and its stages; what the worker checks is free before it sizes a KV pool
     memory_per_gpu: MemoryBudget = Field(default_factory=MemoryBudget)
-    engine_fraction: float | None = None  # share of each GPU handed to the engine
+    # of the footprint, what the CUDA driver holds outside torch's caching allocator (the
+    # catalog's estimate of a context), and the share of each GPU the allocator may hold: the
+    # footprint less the context; None on the CPU
+    cuda_context_bytes: int = 0
+    allocator_fraction: float | None = None
 
 
 class GpuPlan(Frozen):

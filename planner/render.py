@@ -45,6 +45,7 @@ def print_plan(plan: LaunchPlan, console: Console, spec_label: str) -> None:
             _gpu_table(node, label, console)
         if node.processes:
             _process_table(node, label, console)
+            _engine_table(node, label, console)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False)
         for fix in w.fixes:
@@ -120,7 +121,7 @@ def _process_table(node: NodePlan, label: str, console: Console) -> None:
         title_justify="left",
     )
     for col in ("process", "stages", "GPUs", "weights", "KV", "KV tokens", "activ.", "runtime",
-                "total", "fraction"):  # fmt: skip
+                "total", "alloc. cap"):  # fmt: skip
         if col == "stages":
             t.add_column(col, overflow="fold")
         else:
@@ -138,11 +139,49 @@ def _process_table(node: NodePlan, label: str, console: Console) -> None:
             + (f" (tp{p.tp_size})" if p.tp_size > 1 else ""),
             _g(m.weights), _g(m.kv_cache), f"{tokens:,}" if tokens else "", _g(m.activations),
             _g(m.runtime), _g(m.total),
-            "" if p.engine_fraction is None else f"{p.engine_fraction:.4f}",
+            "" if p.allocator_fraction is None else f"{p.allocator_fraction:.4f}",
         )  # fmt: skip
     if many:
         t.caption = f"replicas 0-1 of {len(node.replicas)} shown; the others are the same"
     console.print(t)
+
+
+# the arguments every engine shares (planner.engine_plan): left out of the table's last column
+_COMMON_ARGS = frozenset({"constrained_json_disable_any_whitespace", "skip_tokenizer_init",
+                          "disable_overlap_schedule", "sampling_backend", "random_seed",
+                          "log_level", "disable_prefill_cuda_graph"})  # fmt: skip
+
+
+def _engine_table(node: NodePlan, label: str, console: Console) -> None:
+    """Each SGLang engine of replica 0: dtype, attention backend, KV pool and the SGLang
+    arguments it starts with (``--json`` has them all)."""
+    t = Table(title=f"SGLang engines of {label} (replica 0)", title_justify="left")
+    for col in ("stage", "process", "dtype", "attention", "KV tokens", "KV GiB/rank",
+                "SGLang arguments"):  # fmt: skip
+        overflow = "fold" if col == "SGLang arguments" else "ellipsis"
+        t.add_column(col, overflow=overflow, no_wrap=col != "SGLang arguments")  # type: ignore[arg-type]
+    for p in node.processes:
+        if p.replica:
+            continue
+        for s in p.stages:
+            if s.engine is None:
+                continue
+            args = " ".join(f"{k}={v}" for k, v in s.engine.sglang.items() if k not in _COMMON_ARGS)
+            t.add_row(s.stage, p.name, s.dtype, s.engine.attention_backend, f"{s.kv_tokens:,}",
+                      _g(s.engine.kv_bytes), args)  # fmt: skip
+    if t.row_count:
+        t.caption = "every engine also: " + " ".join(
+            f"{k}={v}" for k, v in _common_args(node).items()
+        )
+        console.print(t)
+
+
+def _common_args(node: NodePlan) -> dict[str, object]:
+    for p in node.processes:
+        for s in p.stages:
+            if s.engine is not None:
+                return {k: v for k, v in s.engine.sglang.items() if k in _COMMON_ARGS}
+    return {}
 
 
 # ---- SVG ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class Device(StrEnum):
     GPU = "gpu"
     CPU = "cpu"
+    AUTO = "auto"  # the node's: a GPU where it has GPUs, else the CPU (resolved by the planner)
 
 
 class DType(StrEnum):
@@ -23,10 +24,21 @@ class DType(StrEnum):
     FP16 = "fp16"
     FP32 = "fp32"
     FP8 = "fp8"
+    AUTO = "auto"  # by the device the stage lands on: bf16 on a GPU, fp32 on the CPU
 
     @property
     def bytes(self) -> int:
+        if self is DType.AUTO:
+            raise ValueError("dtype auto has no size until the stage's device is known")
         return {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[self.value]
+
+    def on(self, device: str) -> DType:
+        """The dtype a stage runs in on ``device`` ("cpu", "gpu" or a torch device such as
+        "cuda:0"): ``auto`` is bf16 on a GPU and fp32 on the CPU (bf16 on a CPU is slow and
+        diverges from the references), any other dtype itself."""
+        if self is not DType.AUTO:
+            return self
+        return DType.FP32 if device == "cpu" else DType.BF16
 
 
 class Executor(StrEnum):
@@ -89,6 +101,14 @@ class EngineSettings(Strict):
         ge=1,
         description="prompt tokens prefilled per step beside the running decodes (a longer "
         "prompt goes in chunks of this size); sizes the activation estimate",
+    )
+    prompt: Literal["tokens", "embeddings"] = Field(
+        "tokens",
+        description="what the model's prompts are: token ids (a language model), or embeddings "
+        "its own forward builds from per-request state (a talker). SGLang runs an "
+        "`embeddings` engine without its prefix cache (the token ids it holds are "
+        "placeholders), CUDA graphs (the forward reads Python state), mixed prefill (its "
+        "decode rows are frames, not tokens) and a grammar (no tokenizer)",
     )
 
     @model_validator(mode="before")

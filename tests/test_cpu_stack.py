@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from planner.spec import DType
 from tests.plain_lm import build_plain_lm
 from worker.engines.base import EngineRequest
 
@@ -72,7 +73,7 @@ class Recorded:
 def _engine(model_path: Path, chunk: int) -> Any:
     from worker.engines.sglang.engine import EngineSettings, SGLangEngine
 
-    settings = EngineSettings(model_path=model_path, device="cpu", dtype="fp32",
+    settings = EngineSettings(model_path=model_path, device="cpu", dtype=DType.FP32,
                               context_length=2048, max_running_requests=8, kv_tokens=0,
                               prefill_chunk_tokens=chunk)  # fmt: skip
     return SGLangEngine(settings)

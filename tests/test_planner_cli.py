@@ -55,7 +55,7 @@ def test_json_is_the_launch_plan(cache: Path) -> None:
                     "--thinker.engine.max_running_requests", "8")  # fmt: skip
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["version"] == 1 and plan["fits"] is True
+    assert plan["version"] == 2 and plan["fits"] is True
     assert plan["spec"] == "qwen3-omni-30b-a3b-speech"
     (node,) = plan["nodes"]
     procs = {p["name"]: p for p in node["processes"]}
@@ -96,3 +96,21 @@ def test_explain(cache: Path, tmp_path: Path) -> None:
         f"  set by   override file {ov}",
         f"  overrode 8192 from spec {MODELS / 'qwen3-8b.yaml'}",
     ]
+
+
+def test_explain_shows_an_engine_as_the_worker_starts_it(cache: Path) -> None:
+    """``omni-plan explain SPEC <stage>.sglang --gpus ...``: the engine's dtype and where it came
+    from, its attention backend, its pool and its SGLang arguments; the plan's table has them."""
+    spec = "configs/models/tiny-omni.yaml"
+    out = omni_plan(cache, "explain", spec, "thinker.sglang", "--gpus", "1xH100-80GB")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "stages.thinker: SGLang engine in process 0/thinker on GPUs [0]" in text
+    assert "dtype bf16: auto, resolved for a node with GPUs (1xH100-80GB)" in text
+    assert "attention backend fa3" in text and "KV pool 32,768 tokens" in text
+    assert "max_total_tokens = 32768" in text and "disable_prefill_cuda_graph = True" in text
+    cpu = omni_plan(cache, "explain", spec, "thinker.dtype")
+    assert "stages.thinker.dtype = 'fp32'" in cpu.stdout
+    assert "auto, resolved for a node without GPUs" in cpu.stdout
+    table = omni_plan(cache, spec, "--gpus", "1xH100-80GB").stdout
+    assert "SGLang engines of node0" in table and "attention_backend=fa3" in table

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from planner.errors import OverrideError, SpecError
-from planner.loader import load_spec
+from planner.loader import NodeKind, load_spec
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 SPEECH = MODELS / "qwen3-omni-30b-a3b-speech.yaml"
@@ -244,6 +244,11 @@ def test_a_cpu_stage_without_a_dtype_runs_fp32(tmp_path: Path) -> None:
     spec.write_text(yaml.safe_dump(raw))
     loaded = load_spec(spec)
     assert loaded.spec.stages["preprocessing"].dtype.value == "fp32"
-    assert loaded.spec.stages["tts_engine"].dtype.value == "bf16"  # a GPU stage keeps its own
+    assert loaded.spec.stages["tts_engine"].dtype.value == "auto"  # resolved by the node
+    on_gpu = load_spec(spec, node=NodeKind(True, "a node with GPUs (1xH100-80GB)"))
+    assert on_gpu.spec.stages["tts_engine"].dtype.value == "bf16"
+    entry = on_gpu.provenance.entries["stages.tts_engine.dtype"]
+    assert entry.origin.describe() == "auto, resolved for a node with GPUs (1xH100-80GB)"
+    assert [o.value for o in entry.overrode] == ["auto"]
     origin = loaded.provenance.entries["stages.preprocessing.dtype"].origin
     assert origin.describe() == "schema default for a cpu stage"

@@ -57,7 +57,14 @@ def test_omni_speech_default_layout_fits_two_h100() -> None:
         assert g.capacity_bytes == H100
         assert g.planned.total == sum(b.total for b in g.by_stage.values())
         assert g.headroom_bytes >= g.reserved_bytes
-    assert 0.7 < p["0/thinker"].engine_fraction < 0.85
+    # the thinker's allocator may hold its whole footprint but the CUDA context
+    thinker_process = p["0/thinker"]
+    footprint = thinker_process.memory_per_gpu.total
+    assert thinker_process.cuda_context_bytes == 512 << 20
+    assert thinker_process.allocator_fraction == pytest.approx(
+        (footprint - (512 << 20)) / H100, abs=1e-6
+    )
+    assert 0.7 < thinker_process.allocator_fraction < 0.85
     assert LaunchPlan.model_validate_json(plan.model_dump_json()) == plan  # JSON round trip
 
 
@@ -66,19 +73,32 @@ def test_colocated_layout_fits_one_h100_with_the_published_shares() -> None:
     assert plan.fits, plan.errors
     p = procs(plan)
     assert [s.stage for s in p["0/talker"].stages] == ["talker", "code2wav"]
-    assert p["0/talker"].engine_fraction == pytest.approx(0.12)
-    assert p["0/thinker"].engine_fraction == pytest.approx(0.78)
+    # each process's footprint is its shares and its runtime; its allocator holds all of it
+    # but the CUDA context
+    for name, shares in (("0/talker", (0.10, 0.02)), ("0/thinker", (0.78,))):
+        process = p[name]
+        runtime = process.memory_per_gpu.runtime
+        assert process.memory_per_gpu.total == sum(int(x * H100) for x in shares) + runtime
+        held = process.memory_per_gpu.total - process.cuda_context_bytes
+        assert process.allocator_fraction == pytest.approx(held / H100, abs=1e-6)
     thinker = p["0/thinker"].stages[0]
     assert thinker.memory_share == 0.78
-    # The KV cache is what the share leaves after weights and activations.
-    left = int(0.78 * H100) - thinker.memory.weights - thinker.memory.activations
-    assert thinker.kv_tokens == left // 98_304
-    assert thinker.memory.total <= int(0.78 * H100)
+    # The KV cache is what the share leaves after weights and the activation estimate; the
+    # share is accounted whole (what the pool leaves of it joins the activations)
+    assert thinker.kv_tokens * 98_304 == thinker.memory.kv_cache
+    assert thinker.memory.total == int(0.78 * H100)
+    assert thinker.engine is not None and thinker.engine.sglang["max_total_tokens"] == (
+        thinker.kv_tokens
+    )
     (gpu,) = plan.nodes[0].gpus
     assert gpu.planned.total <= gpu.capacity_bytes - gpu.reserved_bytes
 
 
-def test_colocated_layout_without_shares_fails_with_a_clear_message(tmp_path: Path) -> None:
+def test_engines_share_a_gpu_without_shares_each_with_its_planned_pool(tmp_path: Path) -> None:
+    """Two engines of a replica on one GPU need no shares: each pool is the plan's (the worker
+    sizes SGLang's pool from it, not from the GPU's free memory). Without shares the
+    colocated spec's pools (8 x 32,768 tokens each) overflow one H100, and the error names the
+    overflow and what would fix it; with smaller pools it fits."""
     raw = yaml.safe_load(COLOCATED.read_text())
     raw["model_dir"] = str((COLOCATED.parent / raw["model_dir"]).resolve())
     for stage in raw["stages"].values():
@@ -87,13 +107,16 @@ def test_colocated_layout_without_shares_fails_with_a_clear_message(tmp_path: Pa
     spec.write_text(yaml.safe_dump(raw, sort_keys=False))
     plan = plan_spec(spec, "1xH100-80GB").plan
     assert not plan.fits and plan.replicas == 0
-    # (without shares its KV, 8 x 32,768 tokens per engine, also overflows the GPU)
-    err = next(e for e in plan.errors if "autoregressive engines" in e.message)
-    assert err.gpu == 0
-    assert "holds 2 autoregressive engines of one replica (thinker, talker)" in err.message
-    assert "must declare memory_share on every GPU stage" in err.message
-    assert "image_encoder, audio_encoder, thinker, talker, code2wav" in err.message
-    assert any("0.78" in f for f in err.fixes)
+    err = plan.errors[0]
+    assert err.gpu == 0 and err.overflow_bytes > 0 and "overflow" in err.message
+    assert any("kv_budget_tokens" in f or "max_running_requests" in f for f in err.fixes)
+    budgets = ["--thinker.engine.kv_budget_tokens", "32768",
+               "--talker.engine.kv_budget_tokens", "32768"]  # fmt: skip
+    fits = plan_spec(spec, "1xH100-80GB", budgets).plan
+    assert fits.fits, fits.errors
+    p = procs(fits)
+    assert p["0/thinker"].gpus == p["0/talker"].gpus == [0]
+    assert p["0/thinker"].stages[0].kv_tokens == 32768
 
 
 def test_shares_that_overflow_the_gpu_name_the_overflow() -> None:
@@ -189,21 +212,19 @@ def test_mixed_inventory_gets_a_fleet_plan() -> None:
 
 def test_cpu_only_host_plans_cpu_specs_and_refuses_gpu_stages() -> None:
     tiny = MODELS / "tiny-omni.yaml"
-    if tiny.exists():
-        plan = plan_spec(tiny).plan  # inventory=None: this host, no GPUs
-        assert plan.fits and plan.replicas == 1
-        assert all(
-            p.device == "cpu" and p.env["CUDA_VISIBLE_DEVICES"] == ""
-            for p in plan.nodes[0].processes
-        )
-        assert plan_spec(tiny, "2xH100-80GB").plan.replicas == 1  # CPU pipelines: one per node
-    plan = plan_spec(SPEECH).plan
+    plan = plan_spec(tiny).plan  # inventory=None: this host, no GPUs
+    assert plan.fits and plan.replicas == 1
+    assert all(
+        p.device == "cpu" and p.env["CUDA_VISIBLE_DEVICES"] == "" for p in plan.nodes[0].processes
+    )
+    # device auto: the shipped specs run where the node's GPUs are, else on its CPU
+    assert plan_spec(SPEECH).plan.fits
+    # a stage the spec puts on a GPU is refused on a node without one, naming the fixes
+    on_gpu = ["--thinker.device", "gpu", "--talker.device", "gpu"]
+    plan = plan_spec(SPEECH, None, on_gpu).plan
     assert not plan.fits
     msg = plan.errors[0].message
-    assert (
-        "has no GPUs, but stages image_encoder, audio_encoder, thinker, talker, code2wav run on gpu"
-        in msg
-    )
+    assert "has no GPUs, but stages thinker, talker run on gpu" in msg
     assert any("--gpus" in f for f in plan.errors[0].fixes)
     to_cpu = next(f for f in plan.errors[0].fixes if f.startswith("run on the CPU: "))
     assert "--thinker.device cpu" in to_cpu and "--thinker.gpus null" in to_cpu
@@ -340,19 +361,39 @@ def test_placement_invariants(spec: str, gpus: list[str], tp: int, running: int)
         assert plan.errors and all(e.message for e in plan.errors)
 
 
-def test_automatic_placement_keeps_engines_apart_and_neighbours_together() -> None:
+def test_automatic_placement_keeps_streaming_neighbours_together() -> None:
     unpin = []
     for stage in ("image_encoder", "audio_encoder", "thinker", "talker", "code2wav"):
         unpin += [f"--{stage}.gpus", "null"]
     plan = plan_spec(SPEECH, "2xH100-80GB", unpin).plan
     assert plan.fits and plan.replicas == 2  # denser than the pinned layout's one replica
     p = procs(plan)
-    for r in range(plan.replicas):
-        assert p[f"{r}/thinker"].gpus != p[f"{r}/talker"].gpus  # two engines need shares
     assert p["0/code2wav"].gpus == p["0/talker"].gpus  # the talker streams to code2wav
-    # One GPU without shares: the engines cannot be kept apart, and the planner says why.
+    # engines may share a GPU, each with its planned pool: the whole replica on one H200
     one = plan_spec(SPEECH, "1xH200-141GB", unpin).plan
-    assert not one.fits
-    assert "would share GPU 0 of node node0 with another autoregressive engine" in (
-        one.errors[0].message
-    )
+    assert one.fits and one.replicas == 1
+    q = procs(one)
+    assert q["0/thinker"].gpus == q["0/talker"].gpus == [0]
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in MODELS.glob("*.yaml")))
+def test_every_shipped_spec_runs_on_the_gpus_of_a_node_and_on_a_cpu_without(spec: str) -> None:
+    """``device: auto`` and ``dtype: auto``: on one H100 (two for the default Omni layout,
+    which pins its talker to a second GPU) every autoregressive stage is on a GPU in bf16 with
+    FlashAttention 3; on a node without GPUs the same spec runs on the CPU in fp32."""
+    gpus = "2xH100-80GB" if spec == "qwen3-omni-30b-a3b-speech.yaml" else "1xH100-80GB"
+    on_gpus = plan_spec(MODELS / spec, gpus).plan
+    assert on_gpus.fits, on_gpus.errors
+    engines = [(p, s) for p in on_gpus.nodes[0].processes for s in p.stages if s.engine]
+    assert engines
+    for p, s in engines:
+        assert p.device == "gpu" and s.dtype == "bf16", (p.name, s.stage)
+        assert s.engine is not None and s.engine.attention_backend == "fa3"
+        assert s.engine.sglang["device"] == "cuda" and s.engine.sglang["dtype"] == "bfloat16"
+    on_cpu = plan_spec(MODELS / spec).plan
+    assert on_cpu.fits, on_cpu.errors
+    for p in on_cpu.nodes[0].processes:
+        assert p.device == "cpu" and not p.gpus
+        for s in p.stages:
+            if s.engine is not None:
+                assert s.dtype == "fp32" and s.engine.attention_backend == "torch_native"

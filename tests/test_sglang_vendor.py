@@ -45,37 +45,67 @@ def test_the_platform_is_for_hosts_without_a_gpu(monkeypatch: pytest.MonkeyPatch
     assert platform.activate() is None  # SGLang's CUDA platform and kernels
 
 
-def test_the_plan_governs_sglangs_memory_on_a_gpu_host() -> None:
-    """The colocated 30B speech spec on one H200: each SGLang stage's server arguments carry its
-    process's planned share of the GPU (``mem_fraction_static``), the plan's KV pool in tokens
-    (``max_total_tokens``, which SGLang's profiled pool is then checked against), the spec's
-    context (within the checkpoint's trained positions) and the KV cache's dtype."""
+@pytest.mark.parametrize(
+    ("spec", "gpus"),
+    [("qwen3-omni-30b-a3b-speech-colocated.yaml", "1xH200-141GB"),
+     ("qwen3-omni-30b-a3b-speech.yaml", "2xH100-80GB"),
+     ("tiny-omni.yaml", "1xH100-80GB")],
+)  # fmt: skip
+def test_sglang_starts_with_the_arguments_the_plan_shows(spec: str, gpus: str) -> None:
+    """Each SGLang engine's server arguments are the plan's (``omni-plan`` shows them:
+    planner.engine_plan), plus only what a run decides (the model's path and load format):
+    the plan's KV pool in tokens, the dtype auto resolved to bf16 on a GPU, the GPU's
+    attention backend, SGLang's own meaning of ``mem_fraction_static``, no prefill graphs."""
     from planner.api import plan_spec
     from worker.contract.stage_context import StageContext
     from worker.engines import sglang as vendor
     from worker.engines.sglang.engine import EngineSettings, _server_args
 
     vendor.load()
-    planned = plan_spec("configs/models/qwen3-omni-30b-a3b-speech-colocated.yaml", "1xH200-141GB")
+    planned = plan_spec(f"configs/models/{spec}", gpus)
     assert planned.plan.fits, planned.plan.errors
-    spec = planned.spec
     seen = set()
     for process in planned.plan.nodes[0].processes:
+        if process.replica:
+            continue
         for placed in process.stages:
-            if placed.stage not in ("thinker", "talker"):
+            if placed.engine is None:
                 continue
             seen.add(placed.stage)
-            stage = spec.stages[placed.stage]
-            ctx = StageContext(placed.stage, spec, stage, REAL, "cuda:0",
+            stage = planned.spec.stages[placed.stage]
+            ctx = StageContext(placed.stage, planned.spec, stage, REAL, "cuda:0",
                                placed.max_running_requests, kv_tokens=placed.kv_tokens,
-                               memory_fraction=process.engine_fraction)  # fmt: skip
+                               engine=placed.engine)  # fmt: skip
             args = _server_args(EngineSettings.of_stage(ctx))
-            assert process.engine_fraction and 0 < process.engine_fraction < 1
-            assert args.mem_fraction_static == process.engine_fraction
+            for name, value in placed.engine.sglang.items():
+                assert getattr(args, name) == value, name
+            assert args.model_path == str(REAL) and args.load_format == "auto"
+            assert args.dtype == "bfloat16" and placed.dtype == "bf16"
             assert args.max_total_tokens == placed.kv_tokens > 0
-            assert args.context_length == stage.engine.context_length == 32768
-            assert args.kv_cache_dtype == "auto"  # (bf16, the model's own)
+            assert args.attention_backend == placed.engine.attention_backend == "fa3"
+            assert args.disable_prefill_cuda_graph
+            weights, kv = placed.memory.weights, placed.engine.kv_bytes
+            gpu = planned.plan.nodes[0].gpus[process.gpus[0]]
+            share = (weights + kv) / gpu.capacity_bytes
+            assert args.mem_fraction_static == pytest.approx(share, abs=1e-6)
+            talker = stage.engine.prompt == "embeddings"
+            assert args.disable_radix_cache == args.disable_cuda_graph == talker
     assert seen == {"thinker", "talker"}
+
+
+def test_an_fp32_engine_on_a_gpu_gets_an_attention_backend_that_computes_fp32() -> None:
+    """FlashAttention 3 (what SGLang picks on Hopper) takes fp16, bf16 or fp8 only: an engine
+    kept in fp32 on a GPU is planned onto SGLang's triton kernels, and the plan says so."""
+    from planner.api import plan_spec
+
+    planned = plan_spec("configs/models/tiny-omni.yaml", "1xH100-80GB",
+                        ["--thinker.dtype", "fp32"])  # fmt: skip
+    placed = {s.stage: s for p in planned.plan.nodes[0].processes if not p.replica
+              for s in p.stages}  # fmt: skip
+    assert placed["thinker"].dtype == "fp32"
+    assert placed["thinker"].engine.attention_backend == "triton"
+    assert placed["thinker"].engine.sglang["dtype"] == "float32"
+    assert placed["talker"].engine.attention_backend == "fa3"  # (bf16: auto on a GPU)
 
 
 def test_the_plan_refuses_what_sglang_cannot_hold() -> None:

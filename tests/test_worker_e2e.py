@@ -529,3 +529,16 @@ def test_refuses_to_start_when_the_plan_does_not_fit(tmp_path) -> None:
     assert code == 3, w.log()
     assert "does not fit" in w.log()
     w.stop()
+
+
+def test_refuses_to_start_when_torch_cannot_use_the_planned_gpus(tmp_path) -> None:
+    """A worker planned for an H100 on this CPU host (its torch a CPU build) says so before any
+    stage starts, naming the lock a GPU host installs."""
+    w = WorkerProcess("--gpus", "1xH100-80GB", "--cache-dir", str(tmp_path))
+    code = w.wait_exit(120)
+    log = w.log(400)
+    assert code == 4, log
+    assert "the plan places stages on 1 GPU(s), but torch" in log
+    assert "is a CPU build" in log and "deploy/gpu/uv.lock" in log
+    assert "launching" not in log  # (no stage process was started)
+    w.stop()

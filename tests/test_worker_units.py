@@ -235,3 +235,18 @@ def test_fused_decoder_is_bit_for_bit_the_decoder_layers() -> None:
                 want = decoder.norm(want)
                 got = fused.run(x, c[:, None], s[:, None], caches)
                 assert torch.equal(got, want), (kv_heads, t0)
+
+
+def test_the_cuda_check_names_the_driver_found_and_the_driver_needed() -> None:
+    from worker.gpus import explain_cuda
+
+    old = explain_cuda("2.14.1+cu130", "13.0", 0, 2, "535.216.03", 12020)
+    assert "torch 2.14.1+cu130 is built for CUDA 13.0, which needs driver 580.65.06" in old
+    assert "the driver is 535.216.03, which supports CUDA up to 12.2" in old
+    assert "cuda-compat-13-0" in old and "deploy/gpu/uv.lock" in old
+    none = explain_cuda("2.14.1+cu130", "13.0", 0, 1, None, None)
+    assert "no NVIDIA driver was found" in none
+    cpu = explain_cuda("2.13.0+cpu", None, 0, 1, "580.95.05", 13000)
+    assert "is a CPU build" in cpu and "--gpus cpu" in cpu
+    fewer = explain_cuda("2.14.1+cu130", "13.0", 1, 2, "580.95.05", 13000)
+    assert "sees 1 GPU(s)" in fewer and "CUDA_VISIBLE_DEVICES" in fewer

@@ -38,6 +38,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2  # the spec or an override is wrong
 EXIT_DOES_NOT_FIT = 3  # the planner says the model does not fit this node
+EXIT_NO_CUDA = 4  # the plan places stages on GPUs this environment's torch cannot use
 _REALTIME_CLOSE_S = 5.0  # after the drain: for open realtime sessions to say goodbye
 
 
@@ -128,6 +129,11 @@ def plan_node(settings: WorkerSettings, overrides: list[str]) -> Planned:
         if len(plan.nodes) != 1:
             raise StartupError(f"plan has no node {settings.node!r}", EXIT_FAILED)
         node_plan = plan.nodes[0]
+    gpus = {g for p in node_plan.processes for g in p.gpus}
+    if gpus:  # before any stage starts: a stage would die in torch's "driver too old"
+        problem = gpu_detection.cuda_problem(max(gpus) + 1)
+        if problem is not None:
+            raise StartupError(f"{spec_path.name}: {problem}", EXIT_NO_CUDA)
     log.info(
         "plan %s: %d replica(s), %d process(es): %s",
         plan.digest(),

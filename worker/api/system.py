@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from fleet.errors import ErrorCode
+from planner.spec import Executor
 from worker.api.common import service_of
 from worker.api.errors import error_response
 
@@ -21,7 +22,38 @@ def _model(service, name: str) -> dict:
         "owned_by": "omni-fleet",
         "capabilities": service.capabilities.model_dump(mode="json"),
         "voices": service.engine.speakers(),
+        "engines": _engines(service),
     }
+
+
+def _engines(service) -> list[dict]:
+    """Each autoregressive stage's SGLang engine as the worker's plan started it (one pipeline
+    replica; the others are alike): where it runs, its dtype, attention backend, tensor-parallel
+    ranks and KV pool."""
+    plan = getattr(service.engine, "node_plan", None)
+    if plan is None:
+        return []
+    replicas = len(plan.replicas)
+    out = []
+    for process in plan.processes:
+        if process.replica:
+            continue
+        for placed in process.stages:
+            if service.spec.stages[placed.stage].executor != Executor.AUTOREGRESSIVE:
+                continue
+            engine = placed.engine
+            gpus = ",".join(str(g) for g in process.gpus)
+            out.append({
+                "stage": placed.stage,
+                "process": process.name,
+                "device": f"gpu {gpus}" if gpus else "cpu",
+                "dtype": placed.dtype,
+                "attention_backend": None if engine is None else engine.attention_backend,
+                "tensor_parallel_ranks": process.tp_size,
+                "kv_tokens": placed.kv_tokens or None,
+                "replicas": replicas,
+            })  # fmt: skip
+    return out
 
 
 @router.get("/v1/models")

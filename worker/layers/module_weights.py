@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from worker.layers.stage_weights import CheckpointError, weight_map
+from worker.layers.stage_weights import CheckpointError, seeded_normal, weight_map
 
 
 def load_into(
@@ -83,18 +83,18 @@ def random_into(
     seed: int = 0,
 ) -> int:
     """``module``'s parameters and persistent buffers at full size, seeded random (normal,
-    std 0.02; integer buffers zero) and made directly on ``device``: for measuring memory and
-    speed of real-size stages without a checkpoint (bench/gpu_check.py). Returns elements."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    std 0.02, the same on every device; integer buffers zero) on ``device``: for measuring
+    memory and speed of real-size stages without a checkpoint (bench/gpu_check.py), against the
+    CPU's results. Returns elements."""
+    gen = torch.Generator().manual_seed(seed)
     state = {}
     for name, ref in module.state_dict(keep_vars=True).items():
         floating = ref.is_floating_point()
         want = dtype if floating and dtype is not None and not name.endswith(keep_dtype) else None
-        t = torch.empty(ref.shape, dtype=want or ref.dtype, device=device)
-        if floating:
-            t.normal_(0.0, 0.02, generator=gen)
+        if floating:  # (drawn on the CPU: the same weights on every device)
+            t = seeded_normal(ref.shape, gen).to(device=device, dtype=want or ref.dtype)
         else:
-            t.zero_()
+            t = torch.zeros(ref.shape, dtype=ref.dtype, device=device)
         state[name] = t
     module.load_state_dict(state, strict=True, assign=True)
     return sum(t.numel() for t in state.values())

@@ -173,19 +173,28 @@ def load_stage_module(
     return module.eval(), report
 
 
+def seeded_normal(shape: Any, gen: Any) -> Any:
+    """A tensor of normal draws (std 0.02) in fp32 on the CPU, from ``gen``: random weights that
+    do not depend on the device they are used on."""
+    import torch
+
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+
+
 def random_stage_module(
     model_dir: Path, component: ComponentSpec, dtype: str, device: str, seed: int = 0
 ) -> tuple[Any, LoadReport]:
     """The component's module at full size with seeded random weights and no checkpoint: for
-    measuring memory and speed of real-size stages (bench/gpu_check.py). Parameters are made
-    directly on ``device``; the rest of the model is never materialised."""
+    measuring memory and speed of real-size stages (bench/gpu_check.py). The same seed gives the
+    same weights on every device (drawn on the CPU, then moved), so that a GPU's results can be
+    held against the CPU's; the rest of the model is never materialised."""
     import torch
 
     config_dir = model_dir / component.config_dir if component.config_dir else model_dir
     dtype_of = torch_dtype(dtype)
     whole = _skeleton(config_dir, dtype_of)
     module = _cut(whole, component)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     elements = 0
     replaced: dict[int, Any] = {}
     for sub in module.modules():
@@ -193,8 +202,7 @@ def random_stage_module(
             if p is None:
                 continue
             if id(p) not in replaced:
-                data = torch.empty(p.shape, dtype=dtype_of, device=device)
-                data.normal_(0.0, 0.02, generator=gen)
+                data = seeded_normal(p.shape, gen).to(device=device, dtype=dtype_of)
                 replaced[id(p)] = torch.nn.Parameter(data, requires_grad=False)
                 elements += p.numel()
             sub._parameters[key] = replaced[id(p)]

@@ -124,4 +124,4 @@ def load_stage_model(name: str, stage: StageSpec, checkpoint: Path, device: str)
             f"stage {name}: tp_size {stage.tp_size} needs a tensor-parallel engine; "
             "the transformers executor runs one device per stage (tp_size 1)"
         )
-    return load_component(checkpoint, comp.config_dir, comp.module, stage.dtype, device)
+    return load_component(checkpoint, comp.config_dir, comp.module, stage.dtype.on(device), device)

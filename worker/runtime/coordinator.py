@@ -229,7 +229,7 @@ class Coordinator:
                     device=pp.device,
                     planned_bytes=planned,
                     peak_bytes=rep.peaks.get(pp.name, 0),
-                    limit_fraction=pp.engine_fraction if on_gpu else None,
+                    limit_fraction=pp.allocator_fraction if on_gpu else None,
                 )
         return out
 
@@ -536,19 +536,13 @@ class Coordinator:
     async def _spawn(self, rep: _Replica, group: str) -> None:
         pp = rep.plans[group]
         assert self._checkpoint is not None
-        cfg = HostConfig(
-            process=pp.name,
-            spec_json=self._spec_json,
-            checkpoint=str(self._checkpoint),
-            stages=[sp.stage for sp in pp.stages],
-            device="cpu" if pp.device == "cpu" else "cuda:0",
-            env=dict(pp.env),
+        cfg = HostConfig.of_process(
+            pp,
+            self.node_plan,
+            self._spec_json,
+            str(self._checkpoint),
             threads=self._threads,
             shm_prefix=self.shm_prefix,
-            max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
-            kv_tokens={sp.stage: sp.kv_tokens for sp in pp.stages},
-            # the caching allocator's cap: the process's planned share of its GPU
-            memory_fraction=pp.engine_fraction if pp.device == "gpu" else None,
             families=self.families,
         )
         loop = self._loop

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.plan import EnginePlan, NodePlan, ProcessPlan
+from worker.engines.gpu_memory import GpuBudget
 from worker.stages import messages as m
 
 LOAD_INTERVAL = 0.1  # seconds between load reports
@@ -36,9 +38,43 @@ class HostConfig:
     shm_prefix: str = "omni"
     max_running: dict[str, int] = field(default_factory=dict)
     kv_tokens: dict[str, int] = field(default_factory=dict)  # 0 / absent: no limit
-    # the fraction of its GPU the process's caching allocator may hold (the plan's share)
-    memory_fraction: float | None = None
+    engines: dict[str, EnginePlan] = field(default_factory=dict)  # its SGLang engines, planned
+    # what the plan gives the process on its GPU (None: on the CPU): its allocator is capped
+    # at it, and each KV pool is sized from the plan once the GPU has the rest free
+    budget: GpuBudget | None = None
     families: tuple[str, ...] = ()  # model families from outside worker/models/ (registry.add)
+
+    @classmethod
+    def of_process(
+        cls,
+        pp: ProcessPlan,
+        node: NodePlan,
+        spec_json: str,
+        checkpoint: str,
+        *,
+        threads: int,
+        shm_prefix: str,
+        families: tuple[str, ...] = (),
+    ) -> HostConfig:
+        """The stage process the plan's ``pp`` is: its stages, its GPUs (the first of them as
+        ``cuda:0``: the process sees its plan's GPUs only), what the plan gives each stage and
+        the process's budget on its GPUs."""
+        on_gpu = pp.device == "gpu" and bool(pp.gpus)
+        return cls(
+            process=pp.name,
+            spec_json=spec_json,
+            checkpoint=checkpoint,
+            stages=[sp.stage for sp in pp.stages],
+            device="cuda:0" if on_gpu else "cpu",
+            env=dict(pp.env),
+            threads=threads,
+            shm_prefix=shm_prefix,
+            max_running={sp.stage: sp.max_running_requests for sp in pp.stages},
+            kv_tokens={sp.stage: sp.kv_tokens for sp in pp.stages},
+            engines={sp.stage: sp.engine for sp in pp.stages if sp.engine is not None},
+            budget=GpuBudget.of(pp, node.gpus[pp.gpus[0]]) if on_gpu else None,
+            families=families,
+        )
 
 
 class _Busy:
@@ -103,15 +139,17 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from planner.spec import ModelSpec
+    from planner.spec import Executor, ModelSpec
     from worker.contract.stage_context import StageContext
     from worker.models import registry
 
     torch.set_num_threads(cfg.threads)
-    if cfg.device.startswith("cuda") and cfg.memory_fraction:
-        # five processes may share one GPU (the colocated spec): each stays within its share,
-        # and an allocation past it fails in that process instead of starving its neighbours
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_fraction), cfg.device)
+    if cfg.device.startswith("cuda") and cfg.budget is not None:
+        # several processes may share one GPU: each stays within its footprint, and an
+        # allocation past it fails in that process instead of starving its neighbours
+        from worker.engines import gpu_memory
+
+        gpu_memory.apply(cfg.budget, cfg.device)
     hf_logging.disable_progress_bar()  # stage logs are progress lines, not tqdm bars
     spec = ModelSpec.model_validate_json(cfg.spec_json)
     registry.add(*cfg.families)
@@ -126,16 +164,30 @@ def _load(cfg: HostConfig, outbox: Any) -> tuple[Any, dict[str, Any]]:
             device=stage_device(stage.device.value, cfg.device),
             max_running_requests=cfg.max_running.get(name) or stage.engine.max_running_requests,
             kv_tokens=cfg.kv_tokens.get(name, 0),
-            memory_fraction=cfg.memory_fraction,
+            engine=cfg.engines.get(name),
         )
         outbox.send([(m.PROGRESS, f"{cfg.process}: loading {name}")])
         ex = registry.make_executor(ctx)
         ex.load()
+        if stage.executor == Executor.AUTOREGRESSIVE:
+            outbox.send([(m.PROGRESS, f"{cfg.process}: {name} {_engine_line(ctx)}")])
         outbox.send([(m.PROGRESS, f"{cfg.process}: warming up {name}")])
         ex.warmup()
         executors[name] = ex
     outbox.send([(m.READY, name) for name in executors])
     return spec, executors
+
+
+def _engine_line(ctx: Any) -> str:
+    """What the worker's log says of a stage's SGLang engine once it runs."""
+    plan = ctx.engine
+    ranks = ctx.stage.tp_size
+    return (
+        f"runs on SGLang: {ctx.dtype} on {ctx.device}, "
+        + (f"{plan.attention_backend} attention, " if plan is not None else "")
+        + f"{ranks} tensor-parallel rank{'s' if ranks > 1 else ''}"
+        + (f", a KV pool of {ctx.kv_tokens:,} tokens" if ctx.kv_tokens else "")
+    )
 
 
 def _serve(executors: dict[str, Any], spec: Any, inbox: Any, outbox: Any, device: str) -> None:

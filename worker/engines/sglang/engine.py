@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import pickle
 import secrets
 import subprocess
 import sys
@@ -26,12 +27,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from planner.engine_plan import attention_backend, sglang_args
+from planner.spec import DType
 from worker.contract.stage_context import StageContext
+from worker.engines import gpu_memory
 from worker.engines import sglang as vendor
 from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace, TokenLogprob
-
-# SGLang's names for our dtypes
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from worker.engines.gpu_memory import GpuBudget
+from worker.engines.sglang import patches
 
 # SGLang builds its process groups and its global settings once a process
 # (``distributed/bootstrap.py:100-110``): one engine at a time, the next after ``close``
@@ -40,48 +43,97 @@ _live: SGLangEngine | None = None
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
+    """One SGLang engine: what the plan gives it (planner.engine_plan makes its SGLang
+    arguments from these, as for ``omni-plan``), and what a run adds."""
+
     model_path: Path
     device: str  # "cpu" or "cuda:N"
-    dtype: str  # the spec's: fp32, bf16, fp16
+    dtype: DType  # resolved (not auto)
     context_length: int
     max_running_requests: int
     kv_tokens: int  # the plan's KV pool in tokens (0: context_length x max_running_requests)
     prefill_chunk_tokens: int  # the most prompt tokens one step prefills (chunked prefill)
-    kv_dtype: str | None = None  # the spec's (None: the model's dtype)
+    kv_dtype: DType | None = None  # the spec's (None: the model's dtype)
+    prompt: str = "tokens"  # the spec's engine.prompt: "tokens", or "embeddings" (a talker)
+    attention_backend: str | None = None  # the plan's (None: the CPU's)
+    kv_bytes: int | None = None  # the plan's KV pool in bytes on a rank (None: not planned)
+    mem_fraction_static: float | None = None  # SGLang's meaning: (weights + KV) / the GPU
     tp_size: int = 1  # SGLang's tensor-parallel ranks (worker.engines.sglang.ranks)
     tp_rank: int = 0
     dist_port: int = 0  # where the ranks meet (rank 0 picks it)
-    # the share of its GPU the plan gives the stage's process (None: on a CPU)
-    memory_fraction: float | None = None
+    # the process's GPU budget (each rank's process caps its allocator with it)
+    budget: GpuBudget | None = None
+    # what puts the family's model classes in SGLang's registry: every rank calls them before
+    # SGLang builds its model (functions, sent to the ranks by reference)
+    registers: tuple[Callable[[], None], ...] = ()
     random_weights: bool = False  # SGLang's "dummy" weights (bench/gpu_check.py at real size)
-    # off for a model whose prompts are embeddings (the token ids SGLang keys its prefix cache
-    # by are placeholders) and whose forward reads per-request state (no CUDA graphs)
-    prefix_cache: bool = True
-    cuda_graphs: bool = True
-    # a long prompt's chunks in the same forward as the running decodes (off for a model whose
-    # decode steps are not token steps: a talker's take its previous frame)
-    mixed_prefill: bool = True
-    grammar: bool = True  # constrained decoding (a model of codes has no tokenizer for it)
 
     @classmethod
-    def of_stage(cls, ctx: StageContext) -> EngineSettings:
-        """A stage's engine as its spec and the plan say (the checkpoint, device and dtype,
-        the context, the plan's running requests, KV pool and share of the GPU, the prefill
+    def of_stage(
+        cls, ctx: StageContext, registers: tuple[Callable[[], None], ...] = ()
+    ) -> EngineSettings:
+        """A stage's engine as its spec and the plan say (the checkpoint, device and dtype, the
+        context, the plan's running requests and KV pool, the attention backend, the prefill
         chunk, the KV cache's dtype)."""
         eng = ctx.stage.engine
+        plan = ctx.engine
         return cls(
             model_path=ctx.checkpoint,
             device=ctx.device,
-            dtype=ctx.stage.dtype.value,
+            dtype=ctx.dtype,
             context_length=eng.context_length,
             max_running_requests=ctx.max_running_requests,
             kv_tokens=ctx.kv_tokens,
             prefill_chunk_tokens=eng.prefill_chunk_tokens,
-            kv_dtype=None if eng.kv_dtype is None else eng.kv_dtype.value,
+            kv_dtype=eng.kv_dtype,
+            prompt=eng.prompt,
+            attention_backend=None if plan is None else plan.attention_backend,
+            kv_bytes=None if plan is None else plan.kv_bytes,
+            mem_fraction_static=None if plan is None else plan.sglang.get("mem_fraction_static"),
             tp_size=ctx.stage.tp_size,
-            memory_fraction=ctx.memory_fraction,
+            budget=gpu_memory.current(),
+            registers=registers,
             random_weights=bool(ctx.extra.get("random_weights")),
         )
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.kv_tokens or self.context_length * self.max_running_requests
+
+    def planned_pool(self) -> patches.PlannedPool:
+        """The KV pool SGLang sizes for this engine (``patches._kv_pool_from_the_plan``)."""
+        return patches.PlannedPool(self.pool_tokens, self.kv_bytes, self.device)
+
+    def sglang_args(self) -> dict[str, Any]:
+        """SGLang's server arguments: the plan's (``planner.engine_plan.sglang_args``, the one
+        function ``omni-plan`` shows them by) and what this run decides."""
+        cuda = self.device.startswith("cuda")
+        attention = self.attention_backend
+        if attention is None:  # (an engine started outside a plan: gpu_check, tests)
+            fp32 = self.dtype == DType.FP32
+            attention = (
+                attention_backend(self.dtype, None) if not cuda else "triton" if fp32 else None
+            )
+        args = sglang_args(
+            dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
+            gpu=cuda,
+            attention=attention,
+            context_length=self.context_length,
+            max_running_requests=self.max_running_requests,
+            kv_tokens=self.pool_tokens,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            prompt=self.prompt,
+            tp_size=self.tp_size,
+            mem_fraction_static=self.mem_fraction_static,
+        )
+        args["model_path"] = str(self.model_path)
+        args["load_format"] = "dummy" if self.random_weights else "auto"
+        if self.tp_size > 1:
+            # one address for every rank (each builds its own PortArgs:
+            # ``distributed/bootstrap.py:233-248``)
+            args["dist_init_addr"] = f"127.0.0.1:{self.dist_port}"
+        return args
 
 
 class SGLangEngine:
@@ -96,6 +148,8 @@ class SGLangEngine:
                 "other first)"
             )
         vendor.load()
+        for register in settings.registers:
+            register()  # (the family's model classes, before SGLang builds the model)
         from sglang.srt.managers import io_struct
         from sglang.srt.managers.scheduler import Scheduler, SpawnRanks, publish
         from sglang.srt.server_args import PortArgs
@@ -117,7 +171,8 @@ class SGLangEngine:
         publish(server_args, role="scheduler", ranks=ranks)
         try:
             ports = PortArgs.init_new(server_args)
-            self.scheduler = _stage_scheduler(Scheduler)(server_args, ports)
+            with patches.planned_pool(settings.planned_pool()):
+                self.scheduler = _stage_scheduler(Scheduler)(server_args, ports)
         except BaseException:
             _reset_process_state()  # (what it built before it failed)
             if self.ranks is not None:
@@ -141,13 +196,12 @@ class SGLangEngine:
         self.held: set[str] = set()
         self.parked: Any = None  # their ScheduleBatch
         _live = self
-        if settings.kv_tokens and self.pool_tokens < settings.kv_tokens:
+        if self.pool_tokens != settings.pool_tokens:
             self.close()
             raise RuntimeError(
                 f"SGLang's KV pool holds {self.pool_tokens} tokens, the plan's "
-                f"{settings.kv_tokens}: the memory it profiled does not hold what the plan sized "
-                "(another process on the device?); lower the stage's engine.kv_budget_tokens or "
-                "max_running_requests, or give it a larger memory_share"
+                f"{settings.pool_tokens}: SGLang rounded the plan's pool (its page size, "
+                "server_args.page_size?); give the stage a pool in whole pages"
             )
 
     def close(self) -> None:
@@ -362,17 +416,6 @@ class SGLangEngine:
         return events
 
 
-def _kv_cache_dtype(st: EngineSettings) -> str:
-    """SGLang's name for the KV cache's dtype (``arg_groups/fields/model.py:197-221``): the
-    model's own (auto), bf16 or fp8 (the planner refuses others, and fp8 on a CPU)."""
-    if st.kv_dtype is None or st.kv_dtype == st.dtype:
-        return "auto"
-    names = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
-    if st.kv_dtype not in names:
-        raise ValueError(f"SGLang keeps no KV cache in {st.kv_dtype}")
-    return names[st.kv_dtype]
-
-
 def _reset_process_state() -> None:
     """SGLang's process-wide state gone: its process groups, then its published settings,
     flags and resources (``runtime_context.py:1751-1765``, its own test teardown)."""
@@ -430,7 +473,13 @@ class Ranks:
     and each abort to the other ranks before it runs them itself, over a pipe of its own to each
     (SGLang's gloo groups time out after hours idle), and they run the same methods
     (``SGLangEngine.follow``); their outputs are dropped. A rank whose rank 0 is gone reads end
-    of file and exits."""
+    of file and exits.
+
+    What crosses a pipe is pickled by value (``pickle``, as SGLang's own broadcast of requests
+    to its ranks, ``broadcast_pyobj``): a ``Connection``'s pickler would send a request's
+    tensors (a clip's or an image's embeddings) as handles to shared memory, which a rank
+    process, not of rank 0's multiprocessing family, cannot open (its authentication key is
+    another)."""
 
     def __init__(self, settings: Any) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -446,19 +495,19 @@ class Ranks:
                 device = settings.device
                 if device.startswith("cuda"):
                     device = f"cuda:{rank}"  # (the process sees its plan's GPUs, rank order)
-                conn.send(dataclasses.replace(settings, tp_rank=rank, device=device))
+                send(conn, dataclasses.replace(settings, tp_rank=rank, device=device))
         except BaseException:
             self.stop()
             raise
 
     def send(self, *command: Any) -> None:
         for conn in self.conns:
-            conn.send(command)
+            send(conn, command)
 
     def stop(self) -> None:
         for conn in self.conns:
             with contextlib.suppress(OSError):
-                conn.send(("close",))
+                send(conn, ("close",))
             conn.close()
         for proc in self.procs:
             try:
@@ -467,6 +516,16 @@ class Ranks:
                 proc.kill()
                 proc.wait()
         self.conns, self.procs = [], []
+
+
+def send(conn: Connection, obj: Any) -> None:
+    """``obj`` to a rank, pickled by value (``Ranks``)."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    """What rank 0 sent (``send``)."""
+    return pickle.loads(conn.recv_bytes())
 
 
 class _Captured:
@@ -511,11 +570,19 @@ def _stage_scheduler(scheduler: type) -> type:
 
 
 def _server_args(st: EngineSettings) -> Any:
+    """SGLang's ``ServerArgs`` for the engine (``EngineSettings.sglang_args``), with the
+    process settings SGLang reads from its environment."""
     from sglang.srt.environ import envs
     from sglang.srt.server_args import ServerArgs
 
-    cpu = not st.device.startswith("cuda")
-    if cpu:
+    # the pool is the plan's (patches._kv_pool_from_the_plan): no resize after graph capture
+    # by the GPU's free memory (``model_runner_components/kv_pool_runtime.py:59``)
+    envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.set(False)
+    # no multimodal embedding cache in SGLang's scheduler (100 MB by default, allocated after
+    # the pool is sized: ``mem_cache/kv_cache_builder.py:479``): the encoder stages keep
+    # their outputs by content themselves (encoder_cache_bytes), in host memory
+    envs.SGLANG_VLM_CACHE_SIZE_MB.set(0)
+    if not st.device.startswith("cuda"):
         # the eager runner copies each batch into fixed buffers for CUDA graphs to read
         # (``runner/eager_runner.py:180-207``); a CPU replays no graph (SGLang's own switch,
         # ``environ.py:1656``, which it sets for some models itself)
@@ -526,45 +593,4 @@ def _server_args(st: EngineSettings) -> Any:
             cores = os.cpu_count() or 1
             binding = "|".join(str(r % cores) for r in range(st.tp_size))
             os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", binding)
-    tp = {}
-    if st.tp_size > 1:
-        tp = {
-            "tp_size": st.tp_size,
-            # one address for every rank (each builds its own PortArgs:
-            # ``distributed/bootstrap.py:233-248``); custom all-reduce is for GPUs only
-            "dist_init_addr": f"127.0.0.1:{st.dist_port}",
-            "disable_custom_all_reduce": True,
-        }
-    kv = st.kv_tokens or st.context_length * st.max_running_requests
-    return ServerArgs(
-        model_path=str(st.model_path),
-        load_format="dummy" if st.random_weights else "auto",
-        dtype=_DTYPES.get(st.dtype, st.dtype),
-        skip_tokenizer_init=True,
-        device="cpu" if cpu else "cuda",
-        # the spec's, which the planner holds within the checkpoint's trained positions
-        context_length=st.context_length,
-        max_running_requests=st.max_running_requests,
-        max_total_tokens=kv,  # the plan's KV budget, enforced by SGLang's pool
-        kv_cache_dtype=_kv_cache_dtype(st),
-        # on a GPU the plan's share for weights, KV and activations: SGLang sizes its pool
-        # within it (``kv_cache_configurator.py:2990-3060``), min'd with max_total_tokens
-        mem_fraction_static=st.memory_fraction,
-        chunked_prefill_size=st.prefill_chunk_tokens,
-        # a long prompt's chunks run in the same forward as the running decodes, which keep
-        # streaming while it is prefilled
-        enable_mixed_chunk=st.mixed_prefill,
-        # the stage host steps the scheduler itself, one iteration per step
-        disable_overlap_schedule=True,
-        # on every device: flashinfer's sampler takes no per-request seed (sampler.py:404)
-        sampling_backend="pytorch",
-        grammar_backend="xgrammar" if st.grammar else "none",
-        # no free whitespace in constrained JSON: a reply cannot wander in it to its limit
-        constrained_json_disable_any_whitespace=True,
-        attention_backend="torch_native" if cpu else None,
-        random_seed=0,  # (the engine's own draws; every request carries its seed)
-        disable_cuda_graph=cpu or not st.cuda_graphs,
-        disable_radix_cache=not st.prefix_cache,
-        log_level="warning",
-        **tp,
-    )
+    return ServerArgs(**st.sglang_args())

@@ -6,10 +6,13 @@ after it. Each patch says when it can go.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +23,7 @@ def before_import() -> None:
 
 def after_import() -> None:
     _absent_helpers_for_sglang_imports(install=False)
+    _kv_pool_from_the_plan()
     _per_request_seeds()
     _repetition_penalty_over_the_prompt()
     _seeded_draws_in_vocabulary_order()
@@ -121,6 +125,84 @@ def _absent_helpers_for_sglang_imports(install: bool) -> None:
     if names:
         _finder = _AbsentFinder(names)
         sys.meta_path.append(_finder)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPool:
+    """The KV pool the plan gives the engine being built: tokens, and bytes on this rank (None
+    where no plan counted them: a CPU stage started outside the planner's figures)."""
+
+    tokens: int
+    bytes: int | None
+    device: str  # "cpu" or "cuda:N"
+
+
+_planned: PlannedPool | None = None
+
+
+@contextlib.contextmanager
+def planned_pool(pool: PlannedPool) -> Iterator[None]:
+    """While SGLang builds an engine's scheduler (which sizes the pool): the plan's pool."""
+    global _planned
+    _planned = pool
+    try:
+        yield
+    finally:
+        _planned = None
+
+
+def _kv_pool_from_the_plan() -> None:
+    """SGLang sizes its KV pool from the GPU's free memory: ``free_now - free_at_init * (1 -
+    mem_fraction_static) - mm_reservation`` (``KVCacheConfigurator._profile_available_bytes``,
+    ``mem_cache/kv_cache_configurator.py:2990-3060``), where both free figures are the whole
+    GPU's: another process's allocations on that GPU, before or between the two measurements,
+    come out of this pool, and processes that start together (a worker's stage processes) get
+    pools that depend on which loaded first, or "Loaded weights leave no GPU memory for the KV
+    cache" (line 3051). SGLang-Omni replaces the profile with a per-process budget
+    (``_OmniKVCacheConfigurator``); so does this: the pool is the plan's, ``tokens`` x SGLang's
+    own bytes per token (``DefaultPoolConfigurator._cell_size`` and ``_fixed_overhead_bytes``,
+    ``model_executor/pool_configurator.py:239-257``), after a check that the GPU holds free
+    what the process still has to allocate (``worker.engines.gpu_memory.require_free``, which
+    names who holds the rest when it does not). SGLang's bytes per token must be the plan's:
+    a planner whose KV layout of a model differs from SGLang's would put the process past its
+    footprint, and is refused naming both. ``max_total_tokens`` (the plan's tokens) still caps
+    the pool (``_apply_token_constraints``, line 3090). The post-capture resize, which profiles
+    the GPU again (``model_runner_components/kv_pool_runtime.py:59``), stays off
+    (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, off by default; the engine sets it). An engine
+    built outside ``planned_pool`` keeps SGLang's profile. Goes when SGLang takes a pool
+    budget in bytes."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+
+    from worker.engines import gpu_memory
+
+    profile = KVCacheConfigurator._profile_available_bytes
+
+    def planned(self: Any, pre_model_load_memory: int) -> int:
+        pool = _planned
+        if pool is None:
+            return profile(self, pre_model_load_memory)
+        sizing = create_memory_pool_configurator(self)
+        per_token = int(getattr(sizing, "_cell_size", 0))
+        overhead = int(getattr(sizing, "_fixed_overhead_bytes", 0))
+        if not per_token:
+            raise RuntimeError(
+                f"SGLang sizes this model's KV pool with {type(sizing).__name__}, which the "
+                "plan's pool cannot be given to (worker/engines/sglang/patches.py, "
+                "_kv_pool_from_the_plan)"
+            )
+        need = pool.tokens * per_token
+        if pool.bytes is not None and need != pool.bytes:
+            raise RuntimeError(
+                f"SGLang keeps {per_token:,} bytes of KV per token on this rank, the plan "
+                f"{pool.bytes // max(pool.tokens, 1):,}: {pool.tokens:,} tokens are "
+                f"{need:,} bytes here against the plan's {pool.bytes:,}. The planner's KV "
+                "layout of this model (planner/weights.py, kv_layout) differs from SGLang's"
+            )
+        gpu_memory.require_free(pool.device, f"its KV pool of {pool.tokens:,} tokens")
+        return need + overhead
+
+    KVCacheConfigurator._profile_available_bytes = planned
 
 
 def _seeded_sampling_without_sgl_kernel() -> None:

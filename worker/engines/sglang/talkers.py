@@ -3,9 +3,10 @@ talker's, each with its family): its engine, its prompt rows, and its picks hand
 
 A talker's prompt is embeddings and its codes are picked in the model (the official masks, the
 request's own sampler and generator), so:
-- its engine runs without SGLang's prefix cache (the token ids SGLang holds are placeholders),
-  without CUDA graphs (the forward reads per-request state in Python), without a grammar, and
-  without mixed prefill (its decode rows are frames, not tokens);
+- its spec says ``engine.prompt: embeddings``: SGLang runs it without its prefix cache (the
+  token ids it holds are placeholders), without CUDA graphs (the forward reads per-request
+  state in Python), without a grammar, and without mixed prefill (its decode rows are frames,
+  not tokens): ``planner.engine_plan.sglang_args``;
 - a prefill's rows are slices of each request's prompt, by SGLang's extend lengths;
 - each row's pick goes to SGLang's sampler as the row's only finite logit: greedy there, it
   takes it.
@@ -36,14 +37,16 @@ def talker_engine(
             f"stage {ctx.name}: tp_size {ctx.stage.tp_size}: a talker runs on one rank (its "
             "model reads each request's state in its stage's process); use tp_size 1"
         )
+    if ctx.stage.engine.prompt != "embeddings":
+        raise ValueError(
+            f"stage {ctx.name}: a talker's prompts are embeddings its model builds from each "
+            "request's state: its spec says engine.prompt: embeddings (SGLang then runs it "
+            "without a prefix cache, CUDA graphs, mixed prefill or a grammar)"
+        )
     model_dir = tempfile.TemporaryDirectory(prefix=f"omni-{ctx.name}-sglang-")
     settings = dataclasses.replace(
         EngineSettings.of_stage(ctx),
         model_path=write_model_dir(ctx.checkpoint, Path(model_dir.name)),
-        prefix_cache=False,
-        cuda_graphs=False,
-        grammar=False,
-        mixed_prefill=False,
     )
     return SGLangEngine(settings), model_dir
 

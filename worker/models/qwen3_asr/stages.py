@@ -294,7 +294,7 @@ class AlignerExecutor(RequestPreprocessor[AlignClips]):
         ck = self.ctx.checkpoint / (comp.config_dir if comp and comp.config_dir else ALIGNER_DIR)
         with torch.device("meta"):
             model = Qwen3ASRModel(json.loads((ck / "config.json").read_text()))
-        dtype = torch_dtype(self.ctx.stage.dtype)
+        dtype = torch_dtype(self.ctx.dtype)
         load_stage_weights(model, self.ctx, ck, dtype=dtype, component=comp)
         self.aligner = ForcedAligner(model.eval(), ck)
 

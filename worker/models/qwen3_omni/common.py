@@ -19,7 +19,7 @@ def load(ctx: StageContext) -> tuple[Any, Any]:
         raise ValueError(f"stage {ctx.name}: tp_size {ctx.stage.tp_size} is not supported yet")
     # bench/gpu_check.py measures real-size stages without a 70 GB download
     build = random_stage_module if ctx.extra.get("random_weights") else load_stage_module
-    module, report = build(ctx.checkpoint, ctx.stage.component, ctx.stage.dtype, ctx.device)
+    module, report = build(ctx.checkpoint, ctx.stage.component, ctx.dtype, ctx.device)
     ctx.extra["loaded"] = report
     return Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint), module
 

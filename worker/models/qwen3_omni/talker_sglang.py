@@ -188,10 +188,11 @@ def register() -> None:
                     r.prompt_embeds[0, s : s + n] if r else w.new_zeros(n, width)
                     for r, (s, n) in chunks
                 ])  # fmt: skip
+                # (an aborted row's stand-ins on the batch's device, as its batchmates' rows)
                 at = torch.cat([
-                    r.positions[:, s : s + n] if r else torch.zeros(3, n, dtype=torch.long)
+                    r.positions[:, s : s + n] if r else w.new_zeros((3, n), dtype=torch.long)
                     for r, (s, n) in chunks
-                ], dim=1).to(w.device)  # fmt: skip
+                ], dim=1)  # fmt: skip
                 h = row_ends(self.model(input_ids, at, forward_batch, x), rows)
                 # (a long prompt's earlier chunks pick nothing)
                 ready = [r is not None and s + n == r.positions.shape[1] for r, (s, n) in chunks]

@@ -74,7 +74,9 @@ class ThinkerExecutor(StageExecutor):
         self.torch = torch
         ctx = self.ctx
         self.config = Qwen3OmniMoeConfig.from_pretrained(ctx.checkpoint)
-        self.engine = SGLangEngine(EngineSettings.of_stage(ctx), on_forward=self._on_forward)
+        # (every tensor-parallel rank puts the thinker's class in SGLang's registry too)
+        settings = EngineSettings.of_stage(ctx, registers=(register,))
+        self.engine = SGLangEngine(settings, on_forward=self._on_forward)
         self.capturer = self.engine.model
         self.embed = self.engine.model.thinker.model.embed_tokens
         tc: Any = self.config.thinker_config

@@ -70,7 +70,7 @@ class TTSPreprocess(RequestPreprocessor[RequestInput]):
                 st_dir,
                 prefix="encoder.",
                 device=self.ctx.device,
-                dtype=torch_dtype(self.ctx.stage.dtype),
+                dtype=torch_dtype(self.ctx.dtype),
                 component=comp,
                 rename=mimi_name,
             )
@@ -403,7 +403,7 @@ class TTSVocoderExecutor(VocoderExecutor):
             st_dir,
             prefix="decoder.",
             device=self.ctx.device,
-            dtype=torch_dtype(self.ctx.stage.dtype),
+            dtype=torch_dtype(self.ctx.dtype),
             component=comp,
         )
         self.model = dec.eval()
