@@ -57,8 +57,8 @@ sys.path.insert(0, str(REPO))
 MODELS = REPO / "configs" / "models"
 GIB = 1 << 30
 PHASES = ("env", "handshake", "stages", "sglang")
-# the layouts phase (b) starts, and the GPU indices it can hold on one GPU (a spec that pins a
-# second GPU is checked for its first)
+# the layouts phase (b) starts on GPU 0 (a spec that pins a second GPU: its processes on the
+# first)
 LAYOUTS = (
     "qwen3-omni-30b-a3b-speech-colocated.yaml",
     "qwen3-omni-30b-a3b-speech.yaml",
@@ -185,12 +185,12 @@ def _handshake(check: Check, cuda: bool, args: argparse.Namespace) -> None:
 
     gpu_type = _gpu_type(cuda, args)
     for spec in LAYOUTS:
-        planned = plan_spec(MODELS / spec, f"2x{gpu_type}")
+        planned = plan_spec(MODELS / spec, f"1x{gpu_type}")
+        if not planned.plan.fits:  # (two GPUs only where the spec needs them)
+            planned = plan_spec(MODELS / spec, f"2x{gpu_type}")
         if not planned.plan.fits:
-            check.fail(f"{spec} on 2x{gpu_type}: {planned.plan.errors[0].message}")
+            check.fail(f"{spec} on {gpu_type}: {planned.plan.errors[0].message}")
             continue
-        one = plan_spec(MODELS / spec, f"1x{gpu_type}")
-        planned = one if one.plan.fits else planned  # (two GPUs only where it needs them)
         node = planned.plan.nodes[0]
         on_gpu0 = [p for p in node.processes if 0 in p.gpus]
         label = f"{spec} ({len(on_gpu0)} processes on GPU 0 of {len(node.gpus)}x{gpu_type})"

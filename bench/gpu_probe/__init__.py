@@ -47,9 +47,10 @@ class HoldingExecutor(StageExecutor):
         group = probe["groups"][ctx.stage.process]
         scale = float(probe.get("scale", 1.0))
         device = ctx.device
+        self.held: list[Any] = []  # the tensors, kept until the process stops
+        self.log: list[tuple[str, int]] = []  # (what, bytes) in the order taken
         if device == "cpu" and not probe.get("dry_run"):
             return  # (a CPU stage of a GPU process: host memory, not this check's)
-        self.held: list[Any] = []
 
         def take(n: float, what: str) -> None:
             size = int(n * scale)
@@ -59,7 +60,6 @@ class HoldingExecutor(StageExecutor):
                 self.held.append(t)
             self.log.append((what, size))
 
-        self.log: list[tuple[str, int]] = []
         take(plan["weights"], "weights")
         if ctx.engine is not None:
             gpu_memory.require_free(device, f"its KV pool of {ctx.kv_tokens:,} tokens")

@@ -152,11 +152,6 @@ def current() -> GpuBudget | None:
     return _budget
 
 
-def forget() -> None:
-    global _budget
-    _budget = None
-
-
 def require_free(device: str, what: str) -> None:
     """Before ``what`` (a KV pool) is allocated: the GPU must hold free the rest of the
     process's footprint (what it has not yet allocated: the pool, CUDA graphs, activations).
