@@ -116,12 +116,14 @@ def _own_use(device: str) -> int | None:
     """What the driver counts this process holds on the device (NVML), or None."""
     import torch
 
+    from worker.engines.gpu_memory import nvml_uuid
+
     try:
         import pynvml
 
         pynvml.nvmlInit()
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+        handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(uuid))
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if p.pid == os.getpid():
                 return int(p.usedGpuMemory or 0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,11 @@ class GpuBudget:
     capacity_bytes: int  # the GPU's memory as the plan knows it
     footprint_bytes: int  # the process's planned bytes on the GPU, runtime included
     context_bytes: int  # of which the CUDA context, outside torch's caching allocator
-    allocator_fraction: float  # the share of the GPU its caching allocator may reserve
+
+    @property
+    def allocator_bytes(self) -> int:
+        """What the process's caching allocator may reserve: the footprint but the context."""
+        return max(self.footprint_bytes - self.context_bytes, 0)
 
     @classmethod
     def of(cls, process: ProcessPlan, gpu: GpuPlan) -> GpuBudget:
@@ -51,7 +56,6 @@ class GpuBudget:
             capacity_bytes=gpu.capacity_bytes,
             footprint_bytes=process.memory_per_gpu.total,
             context_bytes=process.cuda_context_bytes,
-            allocator_fraction=process.allocator_fraction or 1.0,
         )
 
 
@@ -114,7 +118,7 @@ class CudaMemory:
         except Exception:  # no NVML, no driver: nothing to name
             return []
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+            handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(uuid))
             found = []
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if p.pid == os.getpid():
@@ -130,6 +134,13 @@ class CudaMemory:
                 pynvml.nvmlShutdown()
 
 
+def nvml_uuid(torch_uuid: str) -> bytes:
+    """NVML's name of a device torch calls ``torch_uuid`` (``GPU-`` and the UUID; torch's
+    ``get_device_properties().uuid`` leaves the prefix out)."""
+    text = str(torch_uuid)
+    return (text if text.startswith("GPU-") else f"GPU-{text}").encode()
+
+
 class GpuBudgetError(RuntimeError):
     """The GPU does not hold free what the plan gives a process."""
 
@@ -142,9 +153,14 @@ _budget: GpuBudget | None = None
 
 def apply(budget: GpuBudget, device: str) -> None:
     """This process runs on ``device`` with ``budget``: its allocator is capped at the
-    footprint less the CUDA context."""
+    footprint less the CUDA context. torch takes the cap as a fraction of the device's total as
+    the CUDA runtime reports it (``cudaMemGetInfo``), which is less than NVML's (what the
+    catalog and the plan count) by what the driver keeps: the fraction is taken of that total,
+    so the cap is the plan's bytes (rounded up at a millionth of the device: torch truncates
+    the product to whole bytes)."""
     global _budget
-    memory.cap(budget.allocator_fraction, device)
+    _, total = memory.free_and_total(device)
+    memory.cap(min(1.0, math.ceil(budget.allocator_bytes / total * 1e6) / 1e6), device)
     _budget = budget
 
 
