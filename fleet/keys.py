@@ -62,6 +62,12 @@ class FleetKeys:
         """Hash: API key id -> bytes of voice audio it stored (the per-key quota's usage)."""
         return self.prefix + "stats:voice-bytes-by-owner"
 
+    def reply_transcript(self, audio_id: str) -> str:
+        """The transcript of a chat reply's audio, by its ``message.audio.id``: a later turn
+        that names that id (``messages[].audio``) reads it on whichever worker it lands;
+        expires with the audio (its ``expires_at``)."""
+        return f"{self.prefix}reply-transcript:{audio_id}"
+
     @property
     def events(self) -> str:
         """Pub/sub channel of ``FleetEvent`` JSON: joins, readiness, drains, departures."""

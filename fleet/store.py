@@ -416,6 +416,13 @@ class FleetStore:
         raw = await self.redis.hvals(self.keys.voices)
         return sorted((VoiceRecord.model_validate_json(r) for r in raw), key=lambda v: v.name)
 
+    async def put_reply_transcript(self, audio_id: str, transcript: str, ttl_ms: int) -> None:
+        await self.redis.set(self.keys.reply_transcript(audio_id), transcript, px=ttl_ms)
+
+    async def reply_transcript(self, audio_id: str) -> str | None:
+        raw = await self.redis.get(self.keys.reply_transcript(audio_id))
+        return None if raw is None else _text(raw)
+
     async def delete_voice(self, name: str, owner: str = "") -> bool:
         """False if there is no such voice; raises ``VoiceOwnedByAnotherKey`` if ``owner`` (the
         caller's API key id) is set and another key uploaded it."""

@@ -26,14 +26,27 @@ class LoadedSpec:
     provenance: Provenance
 
 
+# A bare directory's KV pool: as many tokens as this many requests of BARE_REQUEST_TOKENS hold
+# (the spec's defaults: 16 running requests of 4,096), and at least one whole context
+BARE_POOL_REQUESTS = 16
+BARE_REQUEST_TOKENS = 4096
+
+
 def bare_model_spec(model_dir: Path) -> dict[str, Any]:
-    """A bare checkpoint directory as a spec: one autoregressive stage holding the whole model."""
+    """A bare checkpoint directory as a spec: one autoregressive stage holding the whole model.
+    With no spec to ask for less, its context is the checkpoint's own (the positions it was
+    trained for, as SGLang's default), and its KV pool a fixed number of tokens (requests
+    longer than the pool's share queue), so that a long-context checkpoint plans as a short one."""
+    from planner.weights import decoder_shape
+
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{model_dir}: cannot read config.json ({exc})") from None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     dtype = config.get("torch_dtype") or config.get("dtype") or text.get("dtype") or "bfloat16"
+    context = decoder_shape(model_dir / "config.json").max_positions or BARE_REQUEST_TOKENS
+    pool = max(context, BARE_POOL_REQUESTS * min(context, BARE_REQUEST_TOKENS))
     return {
         "name": model_dir.name,
         "description": f"bare model directory {model_dir} planned as one autoregressive stage",
@@ -46,6 +59,7 @@ def bare_model_spec(model_dir: Path) -> dict[str, Any]:
                 "terminal": True,
                 "component": {"module": ""},
                 "dtype": _DTYPES.get(str(dtype), "bf16"),
+                "engine": {"context_length": context, "kv_budget_tokens": pool},
             }
         },
     }

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# Installs omni-fleet on a fresh Debian/Ubuntu machine with Python 3.11 (root or sudo): the
-# system packages its tests use, then exactly the locked set (uv.lock) into the project's own
-# environment, .venv/ (or $UV_PROJECT_ENVIRONMENT), never into the system Python.
-# Idempotent: what is already there is kept; a second run takes seconds (uv's cache).
+# Installs omni-fleet on a fresh Debian/Ubuntu machine with Python 3.11 (root or sudo): the system
+# packages it runs with, then exactly the locked set (uv.lock) into the project's own environment,
+# .venv/ (or $UV_PROJECT_ENVIRONMENT), never into the system Python.
+#
+#   scripts/install.sh         what serving needs: the planner, worker, router, omni-bench and the
+#                              local fleet (no test tools, no browser)
+#   scripts/install.sh --dev   and what the tests need: the dev extra (pytest, ruff, mypy, the
+#                              openai SDK, ...) and Debian's Chromium (the dashboard's test)
+#
+# Each is exact: the environment holds that set and nothing else (a --dev environment installed
+# again without --dev loses the test tools). Idempotent: a second run takes seconds (uv's cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dev=false
+case "${1:-}" in
+  "") ;;
+  --dev) dev=true ;;
+  *) echo "usage: scripts/install.sh [--dev]   (--dev: the tests' tools too)" >&2; exit 2 ;;
+esac
 
 UV_VERSION=0.13.9   # the uv that wrote uv.lock (also in the dev extra)
 TORCH_WHEEL=torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl   # pyproject [tool.uv.sources]
@@ -18,11 +31,11 @@ apt_install() {
 }
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 # tests/test_dashboard.py drives Debian's headless Chromium (no browser download)
-command -v chromium >/dev/null 2>&1 || apt_install chromium
+$dev && { command -v chromium >/dev/null 2>&1 || apt_install chromium; }
 # stage processes allocate with jemalloc (worker/runtime/process.py: a CPU decode step is a few
 # hundred small tensors, 13 % faster than with glibc's allocator)
 apt_install libjemalloc2
-# tests/test_readme_examples.py runs the README's curl lines
+# the torch wheel's download below, and the README's curl lines
 command -v curl >/dev/null 2>&1 || apt_install curl
 
 # uv, in a folder of its own: Debian's Python refuses pip installs into itself (PEP 668)
@@ -51,6 +64,8 @@ if [[ ! -e wheels/$TORCH_WHEEL ]]; then
 fi
 
 # Exactly what uv.lock pins (--frozen: the lock is not re-resolved), the project editable
-"$uv" sync --frozen --python 3.11 --extra dev
+extras=(--extra local --extra bench)
+$dev && extras=(--extra dev)   # (which holds local and bench)
+"$uv" sync --frozen --python 3.11 "${extras[@]}"
 env_dir=${UV_PROJECT_ENVIRONMENT:-.venv}
 echo "omni-fleet is installed in $env_dir: run $env_dir/bin/omni-router, or source $env_dir/bin/activate"

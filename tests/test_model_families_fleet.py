@@ -146,6 +146,15 @@ def test_custom_voice_speech_streamed_speech_and_realtime(fleet: FamilyFleet) ->
     with pytest.raises(openai.BadRequestError) as err:
         sdk.audio.speech.create(model="tiny-qwen3-tts", input="x", voice="nobody")
     assert err.value.code == "voice_not_found"
+    # the 0.6B does not follow instructions (the official package drops them): refused, naming
+    # the field, whole and streamed
+    for extra in ({}, {"stream": True}):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.speech.create(
+                model="tiny-qwen3-tts", input="x", voice=voice, instructions="Whisper.",
+                extra_body=extra,
+            )  # fmt: skip
+        assert err.value.param == "instructions" and "1.7B" in err.value.message, err.value
 
     async def realtime() -> tuple[str, int]:
         client = openai.AsyncOpenAI(
@@ -250,6 +259,11 @@ def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> 
     with pytest.raises(openai.BadRequestError) as err:  # a prompt-designed voice: not served
         sdk.audio.voices.create(name="designed", type="prompt", prompt="a calm voice")
     assert err.value.param == "type"
+    with pytest.raises(openai.BadRequestError) as err:  # a Base clones: no instructions
+        sdk.audio.speech.create(
+            model="tiny-qwen3-tts-base", input="x", voice="mine", instructions="Whisper."
+        )
+    assert err.value.param == "instructions", err.value
     sdk.audio.voices.delete("mine")
     with pytest.raises(openai.BadRequestError):
         sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="mine")

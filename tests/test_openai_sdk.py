@@ -345,6 +345,59 @@ def test_message_fields_are_honoured_or_refused(sdk: openai.OpenAI) -> None:
     assert seen("low") < seen("high") == seen("auto")
 
 
+def test_an_assistant_turn_by_its_audio_id_or_its_refusal_is_its_text(
+    sdk: openai.OpenAI,
+) -> None:
+    """An assistant turn given as ``audio: {id}`` (its earlier spoken reply, as OpenAI's audio
+    conversations send it) is that reply's transcript, on whichever worker the next turn lands
+    (the transcript is kept in Redis); given as ``refusal``, its text is the refusal. Neither
+    is dropped: the prompt equals the one with the text as content."""
+    user = {"role": "user", "content": "Say something."}
+    then = {"role": "user", "content": "And again?"}
+
+    def ask(messages: list, **kw: Any) -> openai.types.chat.ChatCompletion:
+        return sdk.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=6, temperature=0, **kw
+        )
+
+    spoken = ask([user], modalities=["text", "audio"], audio={"voice": VOICE, "format": "wav"})
+    reply = spoken.choices[0].message
+    assert reply.audio is not None and reply.audio.transcript
+    workers = set()
+    for s in range(3):
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=6, temperature=0,
+            messages=[user, {"role": "assistant", "audio": {"id": reply.audio.id}}, then],
+            extra_headers={"x-session-id": f"sdk-audio-id-{s}"},
+        )  # fmt: skip
+        workers.add(raw.headers["x-omni-worker-id"])
+        by_id = raw.parse()
+        as_text = ask([user, {"role": "assistant", "content": reply.audio.transcript}, then])
+        assert by_id.usage and as_text.usage
+        assert by_id.usage.prompt_tokens == as_text.usage.prompt_tokens
+        assert by_id.choices[0].message.content == as_text.choices[0].message.content
+    empty = ask([user, {"role": "assistant", "content": ""}, then])
+    assert empty.usage and as_text.usage and empty.usage.prompt_tokens < as_text.usage.prompt_tokens
+    declined = "I cannot help with that."
+    by_refusal = ask([user, {"role": "assistant", "refusal": declined}, then])
+    as_content = ask([user, {"role": "assistant", "content": declined}, then])
+    assert by_refusal.usage and as_content.usage
+    assert by_refusal.usage.prompt_tokens == as_content.usage.prompt_tokens
+    refusals = [
+        ([user, {"role": "assistant", "audio": {"id": "audio-unknown"}}, then],
+         "messages.1.audio.id"),
+        ([{**user, "refusal": declined}], "messages.0.refusal"),
+        ([user, {"role": "assistant", "content": "other", "refusal": declined}, then],
+         "messages.1.refusal"),
+        ([user, {"role": "assistant", "content": "other", "audio": {"id": reply.audio.id}}, then],
+         "messages.1.audio"),
+    ]  # fmt: skip
+    for messages, param in refusals:
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(messages)
+        assert err.value.param == param, err.value
+
+
 def test_logprobs_whole_and_streamed(sdk: openai.OpenAI) -> None:
     """logprobs + top_logprobs: one entry per token whose texts join into the reply; greedy,
     each chosen token is its own top alternative."""

@@ -238,6 +238,30 @@ def test_bare_model_directory_plans_as_one_stage() -> None:
     assert (stage.stage, stage.params) == ("llm", 782_426_112)
 
 
+@pytest.mark.parametrize(
+    ("config_class", "trained"),
+    [("LlamaConfig", 2048), ("Qwen2Config", 32_768), ("MistralConfig", 131_072),
+     ("GPT2Config", 1024), ("GPTNeoXConfig", 2048)],
+)  # fmt: skip
+def test_a_bare_directory_plans_with_the_checkpoints_own_context(
+    config_class: str, trained: int, tmp_path: Path
+) -> None:
+    """A transformers-default config of an architecture nobody here planned, saved as a bare
+    model directory, plans on one H100 with its context the positions it was trained for: one
+    trained for 2,048 (Llama's default, GPT-NeoX's) or 1,024 (GPT-2's) was refused against the
+    generic spec's 4,096. Its KV pool is 16 requests of up to 4,096 tokens, and at least one
+    whole context."""
+    import transformers
+
+    getattr(transformers, config_class)().save_pretrained(tmp_path)
+    plan = plan_spec(tmp_path, "1xH100-80GB").plan
+    assert plan.fits, plan.errors
+    (stage,) = plan.nodes[0].processes[0].stages
+    assert stage.engine is not None
+    assert stage.engine.sglang["context_length"] == trained
+    assert stage.kv_tokens == max(trained, 16 * min(trained, 4096))
+
+
 def test_inventory_from_devices_maps_names_and_keeps_reported_bytes() -> None:
     inv = Inventory.from_devices(
         "gpu-host",

@@ -240,6 +240,35 @@ def test_audio_in_with_server_vad(omni_fleet: Fleet) -> None:
     asyncio.run(run())
 
 
+def test_input_transcription_reads_its_language_and_prompt(omni_fleet: Fleet) -> None:
+    """``audio.input.transcription``'s ``language`` hint and ``prompt`` reach the model as
+    ``/v1/audio/transcriptions``'s do: each committed clip's transcription prompt grows by
+    each (its usage), and they are not dropped."""
+
+    async def transcribed(conn, transcription: dict) -> int:
+        session = audio_session(vad=None, max_output_tokens=4)
+        session["audio"]["input"]["transcription"] = transcription
+        await conn.session.update(session=session)
+        assert (await conn.recv()).type == "session.updated"
+        await stream_audio(conn, speech_pcm(0.6), paced=False)
+        await conn.input_audio_buffer.commit()
+        async for event in conn:
+            if event.type.startswith("conversation.item.input_audio_transcription."):
+                assert event.type.endswith(".completed"), event
+                return event.usage.input_tokens
+            assert event.type != "error", event
+        raise AssertionError("the session ended before the transcription")
+
+    async def run() -> None:
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+            plain = await transcribed(conn, {"model": MODEL})
+            assert await transcribed(conn, {"model": MODEL, "language": "en"}) > plain
+            assert await transcribed(conn, {"model": MODEL, "prompt": "Names: Oslo."}) > plain
+
+    asyncio.run(run())
+
+
 def test_two_turns_second_sees_the_first(omni_fleet: Fleet) -> None:
     async def run() -> None:
         async with connect(omni_fleet, new_session_id()) as conn:

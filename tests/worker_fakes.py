@@ -50,6 +50,9 @@ class FakeEngine:
     def speakers(self) -> list[str]:
         return ["tiny", "alloy"]
 
+    def follows_instructions(self) -> bool:
+        return False
+
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         return self.limits
 

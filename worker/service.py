@@ -32,6 +32,9 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
+# How long a chat reply's audio is named by its id (``message.audio.expires_at``): a later turn
+# may refer to the reply by that id until then (``reply_transcript``); the audio itself is not kept
+REPLY_AUDIO_TTL_S = 3600
 _LATENCY_WINDOW_S = 30.0
 _LATENCY_SAMPLES = 64
 
@@ -169,6 +172,7 @@ class WorkerService:
         self.detail = "starting"
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
+        self._memory_transcripts: dict[str, tuple[float, str]] = {}  # audio id -> (expiry, text)
         self.in_flight = 0
         self.waiting: Counter[str] = Counter()  # stage -> admitted engine requests it holds
         self.ttft = _RecentSamples()
@@ -307,6 +311,36 @@ class WorkerService:
             memory=status.memory,
             healthy=status.healthy and self.status != WorkerStatus.UNHEALTHY,
         )
+
+    # -- spoken chat replies: an assistant turn may name its earlier audio by id -------------
+
+    async def remember_reply(self, audio_id: str, transcript: str) -> None:
+        """Keep a spoken reply's transcript under its audio id for ``REPLY_AUDIO_TTL_S`` (in
+        Redis when configured: the next turn may land on another worker). A store that is down
+        costs only that later reference (refused then as unknown), not this reply."""
+        if self.store is None:
+            now = time.monotonic()
+            live = {k: v for k, v in self._memory_transcripts.items() if v[0] > now}
+            live[audio_id] = (now + REPLY_AUDIO_TTL_S, transcript)
+            self._memory_transcripts = live
+            return
+        try:
+            await self.store.put_reply_transcript(audio_id, transcript, REPLY_AUDIO_TTL_S * 1000)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("reply transcript %s not stored: %s", audio_id, exc)
+
+    async def reply_transcript(self, audio_id: str) -> str | None:
+        """The transcript of the spoken reply ``audio_id`` names; None: unknown or expired."""
+        if self.store is None:
+            kept = self._memory_transcripts.get(audio_id)
+            return kept[1] if kept is not None and kept[0] > time.monotonic() else None
+        try:
+            return await self.store.reply_transcript(audio_id)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("reply transcript store unreachable: %s", exc)
+            raise OmniError(
+                503, ErrorCode.WORKER_UNAVAILABLE, "reply transcript store (Redis) is unreachable"
+            ) from exc
 
     # -- voices: in Redis when configured, so every worker serves every uploaded voice --------
 

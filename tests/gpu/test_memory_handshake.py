@@ -131,8 +131,9 @@ def test_a_gpu_held_by_another_tenant_fails_at_start_naming_the_holder(sglang: N
 
 def test_a_process_past_its_footprint_fails_in_itself(sglang: None) -> None:
     """The allocator cap is the footprint less the CUDA context: everything the plan counts in
-    the process (its runtime's workspaces and CUDA graphs included) fits under it, an allocation past
-    it (the cap is rounded up a millionth of the GPU) fails in that process, before its neighbours are starved."""
+    the process (its runtime's workspaces and CUDA graphs included) fits under it, an
+    allocation past it (the cap is rounded up a millionth of the GPU) fails in that process,
+    before its neighbours are starved."""
     planned = plan_spec(MODELS / "qwen3-omni-30b-a3b-speech-colocated.yaml", "1xH100-80GB")
     layout = GpuLayout.of(planned.spec, planned.spec_path, planned.plan.nodes[0], 0)
     n = len(layout.processes)

@@ -23,9 +23,9 @@ SEED = 7
 
 
 def reference_python() -> Path:
-    """The reference venv's python (scripts/reference_venv.sh builds it once, ~3 min)."""
+    """The reference venv's python (scripts/reference/venv.sh builds it once, ~3 min)."""
     out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "reference_venv.sh")],
+        ["bash", str(REPO / "scripts" / "reference" / "venv.sh")],
         env={**os.environ, "OMNI_PROJECT_PYTHON": sys.executable},  # its torch, shared
         check=True,
         capture_output=True,

@@ -2,7 +2,7 @@
 
 Tiny checkpoints are written by the official ``Qwen3ASRForConditionalGeneration`` and
 ``Qwen3ASRProcessor`` (their ``save_pretrained``, in the reference venv of
-``scripts/reference_venv.sh``); the package's ``Qwen3ASRModel.transcribe`` runs greedily on the
+``scripts/reference/venv.sh``); the package's ``Qwen3ASRModel.transcribe`` runs greedily on the
 same 16 kHz audio, with and without a language hint. omni-fleet's own classes load the same
 directories: its processor must build the same prompt token for token, its greedy decode must
 produce the same transcript tokens (two sizes: tied and untied embeddings, widths, depths), and

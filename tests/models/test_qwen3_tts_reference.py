@@ -1,7 +1,7 @@
 """Qwen3-TTS served by omni-worker equals the official ``qwen-tts`` package.
 
 Tiny checkpoints are written by the official classes (their ``save_pretrained``) in the
-reference venv (``scripts/reference_venv.sh``: transformers 4.57 + qwen-tts); the package then
+reference venv (``scripts/reference/venv.sh``: transformers 4.57 + qwen-tts); the package then
 generates greedily (``do_sample=False``, ``subtalker_dosample=False``) with its own
 ``Qwen3TTSModel``. omni-fleet loads the same directories with its own classes:
 

@@ -14,6 +14,7 @@ round a sample by one int16 step now and then."""
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from planner.spec import ModelSpec
 from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
+from worker.stages import vocoder
 from worker.stages.base import DONE, OUT, RequestMeta
 from worker.stages.payloads import CodeFrames
 from worker.stages.vocoder import Schedule, Stream
@@ -186,3 +188,72 @@ def test_streams_decoded_together_equal_each_alone(cache: Path) -> None:
         with torch.inference_mode():
             reference = dec.chunked(torch.from_numpy(codes[i].T[None]), BLOCK, 25)
         assert_equal_audio(b"".join(pcm[f"r{i}"]), reference)
+
+
+def whole(ex, codes: np.ndarray) -> bytes:
+    """Every frame at once, then the stream's end (a whole reply's codes already there)."""
+    meta = RequestMeta("speech", frozenset({"audio"}))
+    ex.start("r", meta, {})
+    ex.feed("r", "talker", CodeFrames(codes))
+    ex.end_stream("r", "talker", {})
+    pcm: list[bytes] = []
+    while True:
+        for kind, _rid, data in ex.step():
+            if kind == OUT:
+                pcm.append(data[1].tobytes())
+            elif kind == DONE:
+                return b"".join(pcm)
+
+
+@pytest.mark.parametrize(
+    ("spec", "stage"), [("tiny-omni", "code2wav"), ("tiny-qwen3-tts", "vocoder")]
+)
+def test_each_layer_decodes_each_frame_once(
+    spec: str, stage: str, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the linear cost rests on, counted: the frame-rate part takes each frame once (plus
+    each block's 25 context frames, as the reference), and every convolution takes each of its
+    input samples once, whether the frames come a few at a time or all at once. A return to
+    re-decoding what was decoded (a window of past frames per step) fails here though its
+    audio would still equal the reference."""
+    ex = executor(spec, stage, cache)
+    seen: dict[int, int] = {}  # layer -> input samples it took (new ones: its state aside)
+
+    for op in (vocoder._CausalConv, vocoder._TransConv):
+        call = op.__call__
+
+        def counted(self, x, state, slot, call=call):
+            seen[id(self)] = seen.get(id(self), 0) + x.shape[-1]
+            return call(self, x, state, slot)
+
+        monkeypatch.setattr(op, "__call__", counted)
+    front = ex.decoder.front
+    frames_in = [0]
+
+    class CountedFront:
+        def fresh(self):
+            return front.fresh()
+
+        def __call__(self, codes, state):
+            frames_in[0] += codes.shape[-1]
+            return front(codes, state)
+
+    ex.decoder.front = CountedFront()
+    model = ex.model
+    if stage == "vocoder":  # Qwen3-TTS's speech-tokenizer decoder
+        n_q, size = model.num_quantizers, model.cfg["codebook_size"]
+    else:  # transformers' code2wav
+        n_q, size = model.config.num_quantizers, model.config.codebook_size
+    # per layer, samples per frame: one block's frames decoded in one step from a fresh start
+    one = random_codes(BLOCK, n_q, size, seed=7)
+    whole(ex, one)
+    per_frame = {layer: n / BLOCK for layer, n in seen.items()}
+    assert frames_in[0] == BLOCK and len(per_frame) > 10
+    codes = random_codes(FRAMES, n_q, size)
+    decoded = FRAMES + 25 * (math.ceil(FRAMES / BLOCK) - 1)  # each block's context again
+    for run in (lambda: stream(ex, codes), lambda: whole(ex, codes)):
+        seen.clear()
+        frames_in[0] = 0
+        run()
+        assert frames_in[0] == decoded
+        assert seen == {layer: decoded * r for layer, r in per_frame.items()}

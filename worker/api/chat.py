@@ -63,11 +63,9 @@ from worker.contract.pipeline import (
     TokenLogprob,
 )
 from worker.contract.sampling import Sampling
-from worker.service import Ticket, WorkerService
+from worker.service import REPLY_AUDIO_TTL_S, Ticket, WorkerService
 
 router = APIRouter()
-
-AUDIO_TTL_S = 3600  # expires_at of returned audio; nothing is stored, the field is for SDKs
 
 
 async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
@@ -85,6 +83,9 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
             )
         if message.role == "developer":  # OpenAI's newer name for system instructions
             message = message.model_copy(update={"role": "system"})
+        if message.audio is not None or message.refusal is not None:
+            messages.append(await _earlier_reply(service, message, i))
+            continue
         if message.role == "tool" or message.tool_calls:
             messages.append(_tool_turn(message, i))
             continue
@@ -128,6 +129,37 @@ async def _messages(service: WorkerService, body: ChatRequest) -> list[dict]:
         else:
             messages.append({"role": message.role, "content": parts})
     return messages
+
+
+async def _earlier_reply(service: WorkerService, message: Message, i: int) -> dict:
+    """An assistant turn given as its earlier spoken reply (``audio.id``, as a chat reply with
+    audio named it) or as its refusal: its text is that reply's transcript, or the refusal."""
+    field = "audio" if message.audio is not None else "refusal"
+    param = f"messages.{i}.{field}"
+    if message.role != "assistant":
+        raise bad(f"only an assistant message has {field}", param)
+    if message.audio is not None and message.refusal is not None:
+        raise bad("an assistant message is its earlier audio or its refusal, not both", param)
+    if message.tool_calls:
+        raise bad(f"an assistant message with {field} has no tool_calls", param)
+    content = message.content
+    if not isinstance(content, str) and content is not None:
+        raise bad(f"an assistant message with {field} has text only", f"messages.{i}.content")
+    if message.refusal is not None:
+        if content:
+            raise bad("an assistant message is its content or its refusal, not both", param)
+        return {"role": "assistant", "content": message.refusal}
+    assert message.audio is not None
+    transcript = await service.reply_transcript(message.audio.id)
+    if transcript is None:
+        raise bad(
+            f"no spoken reply has the id {message.audio.id!r} (unknown, or past its expires_at, "
+            f"{REPLY_AUDIO_TTL_S} s after it was made)",
+            param + ".id",
+        )
+    if content and content != transcript:  # (the reply echoed whole: its content is the transcript)
+        raise bad("the content differs from the transcript of the audio it names", param)
+    return {"role": "assistant", "content": transcript}
 
 
 def _tool_turn(message: Message, i: int) -> dict:
@@ -267,10 +299,11 @@ async def chat_completions(request: Request) -> Response:
         message = answers[0]["message"]
         assert body.audio is not None
         fmt = "wav" if body.audio.format == "wav" else "pcm"
+        await service.remember_reply(audio_id, text or "")
         message["audio"] = {
             "id": audio_id,
             "data": base64.b64encode(audio.encode(bytes(result.pcm16), fmt)).decode(),
-            "expires_at": at + AUDIO_TTL_S,
+            "expires_at": at + REPLY_AUDIO_TTL_S,
             "transcript": text,
         }
     return Response(
@@ -336,7 +369,7 @@ async def _stream(
     calls: list[Calls | None],
 ):
     gen = gens[0]
-    expires = created + AUDIO_TTL_S
+    expires = created + REPLY_AUDIO_TTL_S
     done = False
 
     def chunk(
@@ -381,6 +414,7 @@ async def _stream(
                     finished[i] = event
         service.metrics.tokens_out.inc(sum(f.completion_tokens for f in finished))
         if gen.output_audio:
+            await service.remember_reply(audio_id, "".join(transcript))
             yield chunk(0, {"audio": {"id": audio_id, "transcript": "".join(transcript)}})
         for i, f in enumerate(finished):
             c = calls[i]

@@ -87,12 +87,19 @@ class ToolCall(Body):
     function: FunctionCall
 
 
+class AudioReply(Body):
+    """An assistant turn's earlier spoken reply, named by the ``message.audio.id`` it came with:
+    the turn is that reply's transcript (``worker.service.WorkerService.reply_transcript``)."""
+
+    id: str = Field(min_length=1, max_length=128)
+
+
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | AudioPart | ImagePart | VideoPart] | None = None
     name: str | None = None
-    audio: dict[str, Any] | None = None  # a previous assistant turn's audio reference
-    refusal: str | None = None
+    audio: AudioReply | None = None  # an assistant turn: its earlier spoken reply, by id
+    refusal: str | None = None  # an assistant turn: what it declined to answer, as its text
     tool_calls: list[ToolCall] | None = Field(None, max_length=64)  # an assistant's calls
     tool_call_id: str | None = Field(None, max_length=128)  # a tool message: what it answers
 

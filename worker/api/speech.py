@@ -75,6 +75,13 @@ async def speech_generation(
                     f"model {service.spec.name!r} speaks without {field}: only Qwen3-TTS "
                     "models take it", field,
                 )  # fmt: skip
+    elif instructions and not service.engine.follows_instructions():
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"model {service.spec.name!r} does not follow instructions (its checkpoint cannot: "
+            f"the official package drops them there): send none, or serve {family.instructed}",
+            "instructions",
+        )  # fmt: skip
     voice, voice_audio, record = await resolve_voice_record(
         service, voice_name, param, rate=family.voice_rate
     )

@@ -178,6 +178,9 @@ class Pipeline(Protocol):
     def speakers(self) -> list[str]:
         """Built-in voice names."""
 
+    def follows_instructions(self) -> bool:
+        """Whether the checkpoint follows a speech request's ``instructions``."""
+
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         """The autoregressive stages that a request for ``outputs`` waits in, each with the
         requests it takes at once over every replica (running and queued, as the spec and the

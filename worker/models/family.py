@@ -37,3 +37,8 @@ class Family:
     # the built-in voices a component's config.json names, where the family names them its own
     # way (None from it: the common keys, ``speaker_id`` / ``spk_id``)
     speakers_of: Callable[[dict], list[str] | None] | None = None
+    # speech: whether a component's config.json follows a request's ``instructions`` (None: every
+    # checkpoint of a family with speech options does); the API refuses them where one does not
+    follows_instructions: Callable[[dict], bool] | None = None
+    # the checkpoints that do, named in that refusal
+    instructed: str = ""

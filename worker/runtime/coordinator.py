@@ -44,6 +44,7 @@ from worker.contract.pipeline import (
     WordTimings,
     outputs_of,
 )
+from worker.models.family import Family
 from worker.models.registry import family_of
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
@@ -135,7 +136,13 @@ class Coordinator:
         self._fatal: str | None = None
         self._changed: asyncio.Event = None  # type: ignore[assignment]  # made in start()
         self._restarts: set[asyncio.Task] = set()
-        self._speakers = _read_speakers(spec, self.spec_path)
+        family = family_of(resolve_model_dir(spec, self.spec_path))
+        configs = _component_configs(spec, self.spec_path)
+        self._speakers = _read_speakers(family, configs)
+        follows = family.follows_instructions
+        self._follows_instructions = family.speech_options and (
+            follows is None or all(follows(cfg) for cfg in configs)
+        )
         cpu_procs = sum(1 for p in node_plan.processes if p.device == "cpu") or 1
         self.shm_prefix = f"omni{os.getpid()}x{next(_ENGINE_IDS)}"
         # request_id -> [(monotonic time, stage, what)]: what each stage sent and was sent, for
@@ -235,6 +242,9 @@ class Coordinator:
 
     def speakers(self) -> list[str]:
         return list(self._speakers)
+
+    def follows_instructions(self) -> bool:
+        return self._follows_instructions
 
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         limits = self._limits.get(outputs)
@@ -632,20 +642,26 @@ def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progr
     return resolve_checkpoint(spec, spec_path, cache_dir, log=progress)
 
 
-def _read_speakers(spec: ModelSpec, spec_path: Path) -> list[str]:
-    """Built-in voices: those a component config names (``speaker_id``, as Qwen3-Omni's talker
-    has, or ``spk_id``; or as the family reads them)."""
+def _component_configs(spec: ModelSpec, spec_path: Path) -> list[dict]:
+    """The config.json of each stage's component (one that cannot be read is left out)."""
     root = resolve_model_dir(spec, spec_path)
-    family = family_of(root)
-    names: list[str] = []
+    configs = []
     for stage in spec.stages.values():
         if stage.component is None:
             continue
         path = root / stage.component.config_dir / "config.json"
         try:
-            cfg = json.loads(path.read_text())
+            configs.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
+    return configs
+
+
+def _read_speakers(family: Family, configs: list[dict]) -> list[str]:
+    """Built-in voices: those a component config names (``speaker_id``, as Qwen3-Omni's talker
+    has, or ``spk_id``; or as the family reads them)."""
+    names: list[str] = []
+    for cfg in configs:
         speakers = family.speakers_of(cfg) if family.speakers_of else None
         if speakers is None:
             # Qwen3-Omni keeps its speakers in the talker's nested config; Qwen3-TTS

@@ -1,4 +1,4 @@
-"""Runs inside the reference venv (scripts/reference_venv.sh): the official ``qwen-asr`` package.
+"""Runs inside the reference venv (scripts/reference/venv.sh): the official ``qwen-asr`` package.
 
     python qwen3_asr_official.py jobs JOBS.json
         {"cmd": "build", "config_dir", "out", "seed"}: a tiny checkpoint built with the official

@@ -1,4 +1,4 @@
-"""Runs inside the reference venv (scripts/reference_venv.sh): the official ``qwen-tts`` package.
+"""Runs inside the reference venv (scripts/reference/venv.sh): the official ``qwen-tts`` package.
 
     python qwen3_tts_official.py build CONFIG_DIR OUT SEED
         a tiny checkpoint built WITH THE OFFICIAL CLASSES and written by their save_pretrained:

@@ -277,7 +277,7 @@ class RealtimeSession:
         )
         await self._announce(item, previous)
         if self.config.transcription is not None:
-            self.transcriber.start(item)
+            self.transcriber.start(item, self.config.transcription)
 
     async def _announce(self, item: dict, previous: str | None) -> None:
         shown = public(item)

@@ -1,7 +1,9 @@
 """Input audio transcription (``session.audio.input.transcription`` set): each committed user
 audio item is also transcribed by the served model (``RequestKind.TRANSCRIPTION``), beside
-the response, and the client gets ``conversation.item.input_audio_transcription.completed`` (or
-``.failed``); the item keeps the transcript, in Redis too."""
+the response, with the session's ``language`` hint and ``prompt`` (as
+``/v1/audio/transcriptions`` takes them), and the client gets
+``conversation.item.input_audio_transcription.completed`` (or ``.failed``); the item keeps the
+transcript, in Redis too."""
 
 from __future__ import annotations
 
@@ -14,10 +16,21 @@ from worker.api.generation import collect
 from worker.api.realtime.conversation import new_id
 from worker.api.realtime.errors import RealtimeError
 from worker.api.realtime.response import Channel, SessionClosed
+from worker.contract.options import TranscriptionOptions
 from worker.contract.pipeline import GenerationRequest, RequestKind, StageFailed
 
 
-async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> None:
+def transcription_options(config: dict) -> TranscriptionOptions:
+    """The session's ``transcription`` settings as the pipeline's options (``model`` is any
+    name: the served model transcribes)."""
+    return TranscriptionOptions(
+        language=config.get("language") or None, prompt=config.get("prompt") or None
+    )
+
+
+async def transcribe(
+    channel: Channel, item: dict, options: TranscriptionOptions, content_index: int = 0
+) -> None:
     item_id = item["id"]
     where = {"item_id": item_id, "content_index": content_index}
     service = channel.service
@@ -32,6 +45,7 @@ async def transcribe(channel: Channel, item: dict, content_index: int = 0) -> No
                 request_id=new_id("transcribe"),
                 kind=RequestKind.TRANSCRIPTION,
                 audio=channel.conversation.clip(item_id, audio),
+                transcription=options,
                 session_id=channel.session_id,
             )
             result = await collect(service, request, ticket)
@@ -81,8 +95,12 @@ class Transcriber:
         self.channel = channel
         self.tasks: set[asyncio.Task] = set()
 
-    def start(self, item: dict) -> None:
-        task = asyncio.create_task(transcribe(self.channel, item), name=f"transcribe-{item['id']}")
+    def start(self, item: dict, config: dict) -> None:
+        """Transcribe ``item`` with the session's transcription ``config``, as it is now."""
+        task = asyncio.create_task(
+            transcribe(self.channel, item, transcription_options(config)),
+            name=f"transcribe-{item['id']}",
+        )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

@@ -29,6 +29,14 @@ def designed_voices(config: dict) -> list[str] | None:
     return [DESIGNED_VOICE] if config.get("tts_model_type") == VOICE_DESIGN else None
 
 
+def follows_instructions(config: dict) -> bool:
+    """Whether a checkpoint's talker follows a request's ``instructions``: the 1.7B CustomVoice
+    and VoiceDesign do; the 0.6B and every Base checkpoint do not (the official package drops
+    them there: ``generate_custom_voice`` for ``tts_model_size`` 0b6, and ``generate_voice_clone``
+    takes none), so the API refuses them there rather than drop them."""
+    return config.get("tts_model_size") != "0b6" and config.get("tts_model_type") != "base"
+
+
 def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor
     cls: type[StageExecutor]
@@ -55,4 +63,6 @@ FAMILY = Family(
     streams_text=True,
     tiny_builder="worker.models.qwen3_tts.tiny",
     speakers_of=designed_voices,
+    follows_instructions=follows_instructions,
+    instructed="the 1.7B CustomVoice and VoiceDesign checkpoints",
 )

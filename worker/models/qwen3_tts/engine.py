@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from worker.contract.sampling import SamplerState
+from worker.models.qwen3_tts import follows_instructions
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel, speaker_mel
 from worker.stages.talker_sampling import (
     TalkerSampling,
@@ -101,11 +102,6 @@ class PromptBuilder:
     def languages(self) -> list[str]:
         known = (self.tc.get("codec_language_id") or {}).keys()
         return ["auto", *sorted(k for k in known if "dialect" not in k)]
-
-    @property
-    def supports_instructions(self) -> bool:
-        """The 0.6B CustomVoice model takes no instructions (the official package drops them)."""
-        return self.cfg.get("tts_model_size") != "0b6" and self.cfg.get("tts_model_type") != "base"
 
     def ids(self, text: str) -> torch.Tensor:
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
@@ -229,7 +225,9 @@ class PromptBuilder:
         n = codec_in.shape[1]
         head = torch.cat([pad_e.expand(-1, n - 2, -1), bos_e], dim=1) + codec_in[:, :-1]
         pieces = []
-        if instruct and self.supports_instructions:
+        # as the package, which drops them where they are not followed (the API refuses such a
+        # request before it gets here: worker.api.speech)
+        if instruct and follows_instructions(self.cfg):
             pieces.append(t.text_embed(self.ids(f"<|im_start|>user\n{instruct}<|im_end|>\n")))
         pieces += [t.text_embed(ids[:, :3]), head]
         body = ids[:, 3:-5]

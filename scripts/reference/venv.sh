@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the isolated reference environment for the equality tests of Qwen3-TTS and Qwen3-ASR:
-# the official `qwen-tts` and `qwen-asr` packages from PyPI, which pin transformers 4.57, in a
-# venv that shares the project environment's torch (its site-packages on the path after the
-# venv's own, as --system-site-packages would share the system's) but has its own transformers
-# 4.57.x, tokenizers and huggingface-hub. Idempotent: a finished venv (its marker file) is kept;
-# it follows the project environment it is called from.
+# the official `qwen-tts` and `qwen-asr` packages, which pin transformers 4.57, in a venv that
+# shares the project environment's torch (its site-packages on the path after the venv's own, as
+# --system-site-packages would share the system's) and holds exactly requirements.lock beside it
+# (transformers 4.57.6, its tokenizers and huggingface-hub, the packages' own: hashes checked,
+# nothing resolved here; lock.sh re-locks). Idempotent: a finished venv (its marker, which names
+# the lock's digest) is kept; it follows the project environment it is called from.
 #
-#   OMNI_PROJECT_PYTHON=.venv/bin/python scripts/reference_venv.sh [DIR]
-#   # DIR default: $OMNI_REFERENCE_VENV or ~/.cache/omni-fleet/reference-venv
+#   OMNI_PROJECT_PYTHON=.venv/bin/python scripts/reference/venv.sh [DIR]
+#   # DIR default: $OMNI_REFERENCE_VENV or ~/.cache/omni-fleet/reference-venv (CI: its own folder)
 #
 # Only optional imports that the checked code paths never call are stubbed (see STUBS below):
 # the 25 Hz tokenizer's sox/onnxruntime/torchaudio (the 12 Hz models never build it) and the
@@ -18,9 +19,10 @@ set -euo pipefail
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 DIR="${1:-${OMNI_REFERENCE_VENV:-$HOME/.cache/omni-fleet/reference-venv}}"
-PROJECT_PY="${OMNI_PROJECT_PYTHON:-$(dirname "$0")/../.venv/bin/python}"
+HERE=$(cd "$(dirname "$0")" && pwd)
+PROJECT_PY="${OMNI_PROJECT_PYTHON:-$HERE/../../.venv/bin/python}"
 PROJECT_SITE=$("$PROJECT_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-MARKER="$DIR/.omni-reference-ready-v2"
+MARKER="$DIR/.omni-reference-$(sha256sum "$HERE/requirements.lock" | cut -c1-12)"
 PY="$DIR/bin/python"
 share_project_site() {  # (the project environment may have moved: CI builds one per run)
   local site
@@ -32,11 +34,7 @@ share_project_site() {  # (the project environment may have moved: CI builds one
 rm -rf "$DIR"
 "$PROJECT_PY" -m venv "$DIR"
 share_project_site
-"$PY" -m pip install -q \
-  "transformers==4.57.6" "tokenizers>=0.22,<0.23" "huggingface-hub>=0.34,<1.0" \
-  "accelerate==1.12.0" "librosa>=0.10" "einops>=0.8" >&2
-# The official packages without their heavy optional dependencies (gradio, vllm, sox, ...).
-"$PY" -m pip install -q --no-deps "qwen-tts==0.1.1" "qwen-asr==0.0.6" >&2
+"$PY" -m pip install -q --require-hashes --no-deps -r "$HERE/requirements.lock" >&2
 
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 STUBS="$SITE/omni_reference_stubs"
