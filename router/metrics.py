@@ -2,8 +2,9 @@
 
 The request path only bumps plain ints in dicts (no locks, no label lookups); the exposition
 is built at scrape time by a collector. Every label value comes from a fixed list below, so
-the number of series never depends on traffic (no worker ids or paths as labels; the model, only
-on the scaling signal, whose models are the fleet's specs).
+the number of series never depends on traffic (no worker ids or paths as labels; the model only
+on the scaling signal and the first-byte times, whose models are the fleet's specs, as the
+workers' records name them, never a request's "model" field).
 Each router process keeps its own counters; with ``--processes N`` scrape each process or sum.
 """
 
@@ -98,10 +99,12 @@ class Metrics:
         self.prefix = {r: dict.fromkeys(PrefixOutcome, 0) for r in PREFIX_ROUTES}
         self.hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
         self.hist_sum = dict.fromkeys(ROUTES, 0.0)
-        # a stream's first body bytes relayed to the client: its first token or audio chunk
-        # (a whole reply's first byte comes with its last: its duration says it)
-        self.first_hist = {r: [0] * (len(BUCKETS) + 1) for r in ROUTES}
-        self.first_sum = dict.fromkeys(ROUTES, 0.0)
+        # a stream's first body bytes relayed to the client: its first token or audio chunk (a
+        # whole reply's first byte comes with its last: its duration says it), per route and the
+        # model of the worker that sent it (a TTS model's first audio is not an Omni thinker's);
+        # a (route, model) pair's series starts at its first stream
+        self.first_hist: dict[tuple[str, str], list[int]] = {}
+        self.first_sum: dict[tuple[str, str], float] = {}
         self.ws_closes = {(b.value, c): 0 for b in CloseBy for c in CLOSE_CODES}
         self.failovers = {(r, o.value): 0 for r in ROUTES for o in FailoverOutcome}
         self.replayed_bytes = 0  # generated again by a failover's worker and dropped
@@ -138,9 +141,14 @@ class Metrics:
         self.hist[route][bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[route] += seconds
 
-    def first_byte(self, route: str, seconds: float) -> None:
-        self.first_hist[route][bisect_left(BUCKETS, seconds)] += 1
-        self.first_sum[route] += seconds
+    def first_byte(self, route: str, model: str, seconds: float) -> None:
+        key = (route, model)
+        counts = self.first_hist.get(key)
+        if counts is None:
+            counts = self.first_hist[key] = [0] * (len(BUCKETS) + 1)
+            self.first_sum[key] = 0.0
+        counts[bisect_left(BUCKETS, seconds)] += 1
+        self.first_sum[key] += seconds
 
     def error(self, route: str, code: ErrorCode) -> None:
         self.errors[route, code.value] += 1
@@ -224,21 +232,16 @@ class _Collector:
         )
         c.add_metric([], m.replayed_bytes)
         yield c
-        for name, doc, hist, sums in (
-            ("request_duration_seconds", "Time from the full request to the end of the response",
-             m.hist, m.hist_sum),
-            ("first_byte_seconds",
-             "Time from the full request to a stream's first body bytes relayed to the client "
-             "(its first token or audio chunk)", m.first_hist, m.first_sum),
-        ):  # fmt: skip
-            h = HistogramMetricFamily(f"omni_router_{name}", doc, labels=["route"])
-            for route, counts in hist.items():
-                cumulative, acc = [], 0
-                for bound, n in zip((*BUCKETS, float("inf")), counts, strict=True):
-                    acc += n
-                    cumulative.append((_le(bound), acc))
-                h.add_metric([route], cumulative, sums[route])
-            yield h
+        yield _histogram(
+            "request_duration_seconds", "Time from the full request to the end of the response",
+            ["route"], {(route,): (counts, m.hist_sum[route]) for route, counts in m.hist.items()},
+        )  # fmt: skip
+        yield _histogram(
+            "first_byte_seconds",
+            "Time from the full request to a stream's first body bytes relayed to the client "
+            "(its first token or audio chunk), by the model of the worker that sent them",
+            ["route", "model"], {key: (n, m.first_sum[key]) for key, n in m.first_hist.items()},
+        )  # fmt: skip
         c = CounterMetricFamily("omni_router_redis_reconnects", "Redis reconnections")
         c.add_metric([], m.redis_reconnects)
         yield c
@@ -268,6 +271,20 @@ class _Collector:
             g = GaugeMetricFamily(f"omni_router_{name}", name.replace("_", " "))
             g.add_metric([], gauge)
             yield g
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], series: dict[tuple[str, ...], tuple[list[int], float]]
+) -> HistogramMetricFamily:
+    """Bucket counts (one per bound of BUCKETS, then +Inf) and sums, per label values."""
+    h = HistogramMetricFamily(f"omni_router_{name}", doc, labels=labels)
+    for values, (counts, total) in series.items():
+        cumulative, acc = [], 0
+        for bound, n in zip((*BUCKETS, float("inf")), counts, strict=True):
+            acc += n
+            cumulative.append((_le(bound), acc))
+        h.add_metric(list(values), cumulative, total)
+    return h
 
 
 def _le(bound: float) -> str:

@@ -451,7 +451,8 @@ class RequestPath:
                     self.spawn(self.affinity.unbind(d.bind_key, worker.id))
         self.metrics.request(client.route, status, elapsed)
         if conn.first_body_at:
-            self.metrics.first_byte(client.route, conn.first_body_at - client.started)
+            model = worker.record.model if worker is not None else "-"
+            self.metrics.first_byte(client.route, model, conn.first_body_at - client.started)
         client.finish()
 
     def exchange_failed(self, client: ClientConnection, conn: Upstream, reason: str) -> None:

@@ -106,13 +106,14 @@ def router_series() -> dict[str, set[str]]:
     for route in ROUTES:  # touch every labelled series once, so that the labels show
         metrics.request(route, 200, 0.01)
         metrics.error(route, ErrorCode.INTERNAL_ERROR)
+        metrics.first_byte(route, "m", 0.01)
     return exposition_families(metrics.render().decode())
 
 
 def worker_series() -> dict[str, set[str]]:
     from worker.metrics import Route, WorkerMetrics
 
-    metrics = WorkerMetrics(["thinker", "talker"])
+    metrics = WorkerMetrics(["thinker", "talker"], "tiny-omni")
     for route in Route:
         metrics.duration.labels(route.value).observe(0.1)
     return exposition_families(metrics.render().decode())
@@ -168,6 +169,29 @@ def test_the_dashboard_covers_router_and_worker_signals() -> None:
         "omni_worker_in_flight",
     ):
         assert needed in exprs
+
+
+# the latency and audio series that differ by model: a mixed fleet's panels keep models apart
+PER_MODEL = (
+    "omni_router_first_byte_seconds",
+    "omni_worker_first_token_seconds",
+    "omni_worker_first_audio_seconds",
+    "omni_worker_real_time_factor",
+    "omni_worker_audio_underruns",
+    "omni_worker_audio_replies",
+)
+
+
+PER_MODEL_TARGETS = [(t, e) for t, e in targets() if any(name in e for name in PER_MODEL)]
+
+
+@pytest.mark.parametrize(
+    ("title", "expr"), PER_MODEL_TARGETS, ids=[t for t, _ in PER_MODEL_TARGETS]
+)
+def test_latency_and_audio_panels_keep_models_apart(title: str, expr: str) -> None:
+    """A panel of a per-model series groups by model and reads the dashboard's model choice."""
+    query = parse_promql(expr.replace("$__rate_interval", "5m"))
+    assert "model" in query.labels and '{model=~"$model"}' in expr, f"{title}: {expr}"
 
 
 def test_dashboard_is_importable_grafana_json() -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.redis_server import RedisServer
 from planner.spec import ModelSpec
@@ -267,6 +268,43 @@ def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> 
     sdk.audio.voices.delete("mine")
     with pytest.raises(openai.BadRequestError):
         sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="mine")
+
+
+def _first_bytes(metrics: str, model: str) -> float:
+    """The router's count of streams whose first bytes came from ``model``'s workers (speech)."""
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "omni_router_first_byte_seconds_count" and sample.labels == {
+                "route": "speech",
+                "model": model,
+            }:
+                return sample.value
+    return 0.0
+
+
+def test_the_router_times_first_audio_per_model(fleet: FamilyFleet) -> None:
+    """Two TTS models on one route: the router's first-byte times (a speech stream's first
+    audio) and each worker's own are series of their model, so a mixed fleet's dashboards keep
+    them apart (deploy/grafana: by model)."""
+    sdk = fleet.sdk()
+    sdk.audio.voices.create(
+        name="timed", audio_sample=("v.wav", tone_wav(1.0), "audio/wav"), consent="recorded"
+    )
+    models = {"tiny-qwen3-tts": "vivian", "tiny-qwen3-tts-base": "timed"}
+    before = httpx.get(fleet.router.url + "/metrics", timeout=30).text
+    runs = {"tiny-qwen3-tts": 2, "tiny-qwen3-tts-base": 1}
+    for model, voice in models.items():
+        for _ in range(runs[model]):
+            body = {"model": model, "input": "x", "voice": voice, "stream": True, "temperature": 0}
+            with httpx.stream("POST", fleet.router.url + "/v1/audio/speech", json=body,
+                              timeout=300) as r:  # fmt: skip
+                assert r.status_code == 200 and b"".join(r.iter_bytes())
+    after = httpx.get(fleet.router.url + "/metrics", timeout=30).text
+    for model, n in runs.items():
+        assert _first_bytes(after, model) - _first_bytes(before, model) == n, model
+        worker = httpx.get(fleet.workers[model].url + "/metrics", timeout=30).text
+        assert f'omni_worker_first_audio_seconds_count{{kind="speech",model="{model}"}}' in worker
+    sdk.audio.voices.delete("timed")
 
 
 def test_transcription_with_word_timestamps_and_streamed(fleet: FamilyFleet) -> None:

@@ -11,9 +11,11 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from bench.omnibench.loadgen import LevelResult
 from bench.omnibench.playback import audible, play
-from bench.omnibench.report import held_level
+from bench.omnibench.report import held_level, summarize
 from bench.omnibench.settings import BenchSettings
+from bench.omnibench.workloads import Sample
 from tests.reliability.fleet import Fleet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +59,30 @@ def _row(level: float, p95: float, ok: float = 100.0, underrun: float | None = 0
             "underrun_pct": underrun}  # fmt: skip
 
 
-def test_held_level_is_the_last_level_within_twice_the_lightest_p95() -> None:
-    assert held_level([_row(1, 0.1), _row(2, 0.15), _row(4, 0.19), _row(8, 0.5)]) == 4
-    assert held_level([_row(1, 0.1), _row(2, 0.12, underrun=5.0), _row(4, 0.1)]) == 1
-    assert held_level([_row(1, 0.1), _row(2, 0.1, ok=99.0)]) == 1
-    assert held_level([_row(1, 0.1, ok=50.0)]) is None
+def test_held_level_is_the_last_level_within_twice_the_idle_fleets_p95() -> None:
+    idle = _row(0, 0.1)
+    assert held_level(idle, [_row(1, 0.1), _row(2, 0.15), _row(4, 0.19), _row(8, 0.5)]) == 4
+    assert held_level(idle, [_row(1, 0.1), _row(2, 0.12, underrun=5.0), _row(4, 0.1)]) == 1
+    assert held_level(idle, [_row(1, 0.1), _row(2, 0.1, ok=99.0)]) == 1
+    assert held_level(idle, [_row(1, 0.1, ok=50.0)]) is None
+    # against the idle fleet, not the lightest level: a first level already loaded fails
+    assert held_level(idle, [_row(1, 0.25), _row(2, 0.3)]) is None
+    assert held_level(_row(0, None), [_row(1, 0.1)]) is None  # type: ignore[arg-type]
+
+
+def test_a_silent_reply_is_not_a_success() -> None:
+    """Answered with nothing in it: a column of its own, out of the success rate (so the level
+    is not held), its end-to-end time kept, no first output."""
+    spoke = Sample("speech", 1.0, 0, 0.0, ok=True, e2e_s=0.5, first_audio_s=0.2, audio_s=1.0)
+    silent = Sample("speech", 1.0, 1, 0.0, ok=True, e2e_s=0.3, empty=True)
+    failed = Sample("speech", 1.0, 2, 0.0, error="http_500")
+    row = summarize(LevelResult(1.0, 1.0, [spoke, silent, failed]), "speech")
+    assert (row["requests"], row["succeeded"], row["silent"]) == (3, 1, 1)
+    assert row["success_pct"] == pytest.approx(100 / 3) and row["errors"] == {"http_500": 1}
+    assert row["first_output_s"]["p95"] == 0.2 and row["e2e_s"]["p50"] == pytest.approx(0.4)
+    idle = summarize(LevelResult(0.0, 1.0, [spoke]), "speech")
+    assert held_level(idle, [summarize(LevelResult(1.0, 1.0, [spoke, silent]), "speech")]) is None
+    assert held_level(idle, [summarize(LevelResult(1.0, 1.0, [spoke, spoke]), "speech")]) == 1
 
 
 @pytest.mark.parametrize(
@@ -97,7 +118,7 @@ def test_a_run_against_the_fleet_writes_every_figure(omni_fleet: Fleet, tmp_path
         sys.executable, "-m", "bench.omnibench.cli", "--url", omni_fleet.routers[0].url,
         "--api-key", omni_fleet.api_key, "--workload", "chat:2", "--workload", "speech",
         "--workload", "transcription", "--workload", "realtime", "--rate", "2", "--rate", "4",
-        "--requests", "8", "--warmup", "1", "--max-tokens", "16", "--out", str(out),
+        "--requests", "8", "--warmup", "1", "--idle", "1", "--max-tokens", "16", "--out", str(out),
         "--no-progress",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -108,15 +129,19 @@ def test_a_run_against_the_fleet_writes_every_figure(omni_fleet: Fleet, tmp_path
     assert results["loop"] == "open" and results["levels"] == [2.0, 4.0]
     requests = results["requests"]
     assert len(requests) == 16 and all(r["ok"] for r in requests), requests
+    # the idle fleet first: one request of each workload, alone
+    assert sorted(r["kind"] for r in results["idle_requests"]) == sorted(results["summary"])
     # the same seeded sequence of workloads at both levels
     assert [r["kind"] for r in requests[:8]] == [r["kind"] for r in requests[8:]]
     for kind, rows in results["summary"].items():
         for row in rows:
             if not row["requests"]:
                 continue
-            assert row["success_pct"] == 100.0 and row["throughput_rps"] > 0
-            if row["succeeded"] == row["empty"]:
+            # every request answered; silent ones (nothing in them) are not successes
+            assert row["succeeded"] + row["silent"] == row["requests"] and not row["errors"]
+            if not row["succeeded"]:
                 continue  # the tiny model said nothing each time: no latency to check
+            assert row["throughput_rps"] > 0
             assert row["e2e_s"]["p95"] >= row["e2e_s"]["p50"] > 0
             assert row["first_output_s"]["p95"] > 0
             if kind == "chat":

@@ -49,7 +49,7 @@ def with_audio(clip: np.ndarray) -> list[dict]:
     return [{"role": "user", "content": [{"type": "audio", "audio": clip}, text]}]
 
 
-def make_engine(cache: Path, groups: dict[str, list[str]] | None = None) -> Coordinator:
+def make_pipeline(cache: Path, groups: dict[str, list[str]] | None = None) -> Coordinator:
     """tiny-omni's pipeline, in ``groups`` of processes."""
     spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
     return Coordinator(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
@@ -62,7 +62,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(cache_dir: Path) -> AsyncIterator[Coordinator]:
-    eng = make_engine(cache_dir)
+    eng = make_pipeline(cache_dir)
     eng.trace = {}
     progress: list[str] = []
     await asyncio.wait_for(eng.start(progress.append), timeout=180)
@@ -305,11 +305,11 @@ async def test_in_process_edges_hand_over_in_place_and_equal_split_processes(
     # one thread per process as in the tiny layout: sums split over threads round differently
     monkeypatch.setenv("OMNI_STAGE_THREADS", "1")
     with pytest.raises(ValueError, match=r"process 'all' holds 2 autoregressive stages"):
-        make_engine(cache_dir, groups={"all": stages})
-    one = make_engine(
+        make_pipeline(cache_dir, groups={"all": stages})
+    one = make_pipeline(
         cache_dir, groups={"thinker": ["thinker"], "rest": [s for s in stages if s != "thinker"]}
     )
-    split = make_engine(cache_dir, groups={s: [s] for s in stages})
+    split = make_pipeline(cache_dir, groups={s: [s] for s in stages})
     one.trace = {}
     await asyncio.wait_for(one.start(lambda _m: None), timeout=180)
     try:

@@ -205,7 +205,7 @@ def test_audio_replies_report_real_time_factor_and_underruns(http: httpx.Client)
     """A reply's real-time factor (admission to its last chunk over its audio seconds) and
     whether it fell behind real time: three 0.1 s chunks 0.3 s apart (LAG) underrun a player
     that started at the first; the same chunks at once do not."""
-    kind = '{kind="speech"}'
+    kind = '{kind="speech",model="fake-omni"}'  # (the model: the spec's name)
     replies = _metric(http, "omni_worker_audio_replies_total" + kind)
     underruns = _metric(http, "omni_worker_audio_underruns_total" + kind)
     rtf_sum = _metric(http, "omni_worker_real_time_factor_sum" + kind)

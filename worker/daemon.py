@@ -1,7 +1,7 @@
 """The life of one worker: detect GPUs, plan (the same planner and plan object as
-``omni-plan``), register as ``starting``, start the engine with visible progress, serve,
+``omni-plan``), register as ``starting``, start the pipeline with visible progress, serve,
 mark ``ready``; on SIGTERM mark ``draining`` at once, finish in-flight work up to the
-deadline, deregister, stop the engine and exit 0."""
+deadline, deregister, stop the pipeline and exit 0."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def _print_plan(plan: LaunchPlan, settings: WorkerSettings) -> None:
     print_plan(plan, Console(stderr=True, width=120), settings.gpus or "this node")
 
 
-def make_engine(settings: WorkerSettings, planned: Planned) -> Pipeline:
+def make_pipeline(settings: WorkerSettings, planned: Planned) -> Pipeline:
     from worker.runtime.coordinator import Coordinator
 
     return Coordinator(
@@ -187,10 +187,10 @@ class _Server(uvicorn.Server):
 
 
 class Daemon:
-    def __init__(self, settings: WorkerSettings, planned: Planned, engine: Pipeline) -> None:
+    def __init__(self, settings: WorkerSettings, planned: Planned, pipeline: Pipeline) -> None:
         self.settings = settings
         self.planned = planned
-        self.engine = engine
+        self.pipeline = pipeline
         self._stop = asyncio.Event()
         self.signals = 0
 
@@ -200,7 +200,7 @@ class Daemon:
             log.info("%s: draining (deadline %.1fs)", sig.name, self.settings.drain_timeout)
             # First, before any stage exit is handled: the same signal often reaches the
             # stage processes (one process group), and their exits are then no failure.
-            expect_shutdown = getattr(self.engine, "expect_shutdown", None)
+            expect_shutdown = getattr(self.pipeline, "expect_shutdown", None)
             if expect_shutdown is not None:
                 expect_shutdown()
             self._stop.set()
@@ -221,9 +221,8 @@ class Daemon:
         port = sock.getsockname()[1]
         worker_id = settings.resolved_worker_id(port)
         url = settings.resolved_url(port)
-        service = WorkerService(
-            settings, planned.spec, self.engine, worker_id, WorkerMetrics(planned.spec.stages)
-        )
+        metrics = WorkerMetrics(planned.spec.stages, planned.spec.name)
+        service = WorkerService(settings, planned.spec, self.pipeline, worker_id, metrics)
         store: FleetStore | None = None
         registrar: Registrar | None = None
         if settings.redis_url is not None:
@@ -266,7 +265,7 @@ class Daemon:
                 await asyncio.wait_for(server_task, timeout=10)
             log.info("stopping the pipeline")
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.engine.stop(), timeout=30)
+                await asyncio.wait_for(self.pipeline.stop(), timeout=30)
             if store is not None:
                 with contextlib.suppress(Exception):
                     await store.close()
@@ -282,7 +281,7 @@ class Daemon:
             model=planned.spec.name,
             served_models=planned.spec.served_models,
             capabilities=capabilities_of(planned.spec),
-            voices=service.engine.speakers(),
+            voices=service.pipeline.speakers(),
             capacity=settings.capacity,
             prefix_cache_tokens=prefix_cache_tokens(planned.spec, planned.node_plan),
             status=WorkerStatus.STARTING,
@@ -307,7 +306,7 @@ class Daemon:
         ):
             preload = asyncio.create_task(asyncio.to_thread(grammars.preload))
         try:
-            await self.engine.start(progress)
+            await self.pipeline.start(progress)
         finally:
             if preload is not None:
                 await preload
@@ -316,14 +315,14 @@ class Daemon:
         started = time.monotonic()
 
         def progress(message: str) -> None:
-            # The engine reports restarts through the same callback once it is running.
+            # The pipeline reports restarts through the same callback once it is running.
             if service.status == WorkerStatus.STARTING:
                 service.detail = message
                 log.info("[start-up %5.1fs] %s", time.monotonic() - started, message)
             else:
                 log.info("[pipeline] %s", message)
 
-        start = asyncio.create_task(self._start(service, progress), name="engine-start")
+        start = asyncio.create_task(self._start(service, progress), name="pipeline-start")
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():
@@ -349,23 +348,23 @@ class Daemon:
         return EXIT_OK
 
     async def _watch_health(self, service: WorkerService, registrar: Registrar | None) -> None:
-        """A dead stage process makes the engine unhealthy until its group restarted; the
+        """A dead stage process makes the pipeline unhealthy until its group restarted; the
         fleet hears of it both ways."""
         while True:
             await asyncio.sleep(min(0.1, self.settings.load_interval))
-            engine = self.engine.status()
-            ok = engine.ready and engine.healthy
+            pipeline = self.pipeline.status()
+            ok = pipeline.ready and pipeline.healthy
             new: WorkerStatus | None = None
             if service.status == WorkerStatus.READY and not ok:
                 new = WorkerStatus.UNHEALTHY
-                log.warning("pipeline unhealthy: %s", engine.detail or "a stage failed")
+                log.warning("pipeline unhealthy: %s", pipeline.detail or "a stage failed")
             elif service.status == WorkerStatus.UNHEALTHY and ok:
                 new = WorkerStatus.READY
                 log.info("pipeline recovered")
             if new is not None:
-                service.set_status(new, engine.detail)
+                service.set_status(new, pipeline.detail)
                 if registrar is not None:
-                    await registrar.set_status(new, engine.detail)
+                    await registrar.set_status(new, pipeline.detail)
 
     async def _drain(self, service: WorkerService, registrar: Registrar | None) -> None:
         service.set_status(WorkerStatus.DRAINING, "draining")
@@ -403,8 +402,8 @@ def run(settings: WorkerSettings, overrides: list[str]) -> int:
     except StartupError as exc:
         log.error("%s", exc)
         return exc.exit_code
-    engine = make_engine(settings, planned)
-    daemon = Daemon(settings, planned, engine)
+    pipeline = make_pipeline(settings, planned)
+    daemon = Daemon(settings, planned, pipeline)
     try:
         import uvloop
 

@@ -1,5 +1,6 @@
 """Prometheus metrics of one worker. Every label takes values from a fixed vocabulary
-(endpoints, status classes, error codes, the spec's stage names), so cardinality is bounded."""
+(endpoints, status classes, error codes, the spec's stage names, the one model it serves), so
+cardinality is bounded."""
 
 from __future__ import annotations
 
@@ -44,9 +45,12 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5)
 class WorkerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, stages: Iterable[str]) -> None:
+    def __init__(self, stages: Iterable[str], model: str) -> None:
         self.registry = CollectorRegistry()
         self.stages = list(stages)
+        # the spec's name on the latency and audio series: a fleet's dashboards that sum them over
+        # workers keep each model apart (a TTS model's first audio is not an Omni thinker's)
+        self.model = model
         r = self.registry
         self.requests = Counter(
             "omni_worker_requests", "HTTP requests by route and status class",
@@ -59,30 +63,30 @@ class WorkerMetrics:
             "omni_worker_request_seconds", "request duration, to the last byte",
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        # per request kind (chat, completion, speech, transcription): an operator's latency
-        # target differs between a voice reply and a transcript
+        # per model and request kind (chat, completion, speech, transcription): an operator's
+        # latency target differs between a voice reply and a transcript
         self.ttft = Histogram(
             "omni_worker_first_token_seconds", "time to first text token",
-            ["kind"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model", "kind"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.ttfa = Histogram(
             "omni_worker_first_audio_seconds", "time to first audio chunk",
-            ["kind"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model", "kind"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        # per request kind (chat, speech): the kinds that make audio
+        # per model and request kind (chat, speech): the kinds that make audio
         self.rtf = Histogram(
             "omni_worker_real_time_factor",
             "an audio reply's time from admission to its last chunk / its audio seconds",
-            ["kind"], buckets=_RTF_BUCKETS, registry=r,
+            ["model", "kind"], buckets=_RTF_BUCKETS, registry=r,
         )  # fmt: skip
         self.audio_streams = Counter(
-            "omni_worker_audio_replies", "replies that made audio", ["kind"], registry=r
+            "omni_worker_audio_replies", "replies that made audio", ["model", "kind"], registry=r
         )
         self.underruns = Counter(
             "omni_worker_audio_underruns",
             "audio replies that fell behind real time: a player started at the first chunk "
             "would have run out before a later one came",
-            ["kind"], registry=r,
+            ["model", "kind"], registry=r,
         )  # fmt: skip
         self.in_flight = Gauge("omni_worker_in_flight", "requests being served", registry=r)
         self.aborted = Counter(
@@ -128,12 +132,12 @@ class WorkerMetrics:
             self.queue_depth.labels(stage)
             self.busy.labels(stage)
         for kind in REQUEST_KINDS:
-            self.ttft.labels(kind)
+            self.ttft.labels(model, kind)
         for kind in AUDIO_KINDS:  # (the series exist from the start: dashboards see zeros)
-            self.ttfa.labels(kind)
-            self.rtf.labels(kind)
-            self.audio_streams.labels(kind)
-            self.underruns.labels(kind)
+            self.ttfa.labels(model, kind)
+            self.rtf.labels(model, kind)
+            self.audio_streams.labels(model, kind)
+            self.underruns.labels(model, kind)
         self.set_status(WorkerStatus.STARTING)
 
     def set_status(self, status: WorkerStatus) -> None:

@@ -1,4 +1,4 @@
-"""What the HTTP layer needs from the daemon: the engine, the spec, admission, live counters
+"""What the HTTP layer needs from the daemon: the pipeline, the spec, admission, live counters
 (in-flight, sessions, recent first-token / first-audio latency) and the voice store."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Ticket:
     """One admitted request; ``release`` is idempotent so every exit path may call it."""
 
     service: WorkerService
-    stages: dict[str, int] = field(default_factory=dict)  # stage -> the engine requests it holds
+    stages: dict[str, int] = field(default_factory=dict)  # stage -> the pipeline requests it holds
     kind: str = ""  # RequestKind value
     started: float = field(default_factory=time.monotonic)
     first_text: bool = False
@@ -124,7 +124,8 @@ class Ticket:
             self.first_text = True
             ms = (time.monotonic() - self.started) * 1000
             self.service.ttft.add(ms)
-            self.service.metrics.ttft.labels(self.kind).observe(ms / 1000)
+            m = self.service.metrics
+            m.ttft.labels(m.model, self.kind).observe(ms / 1000)
 
     def audio(self, pcm16_bytes: int) -> None:
         """A chunk of ``pcm16_bytes`` of 24 kHz pcm16 goes to the client now."""
@@ -133,7 +134,8 @@ class Ticket:
             self.first_audio, self.first_audio_at = True, now
             ms = (now - self.started) * 1000
             self.service.ttfa.add(ms)
-            self.service.metrics.ttfa.labels(self.kind).observe(ms / 1000)
+            m = self.service.metrics
+            m.ttfa.labels(m.model, self.kind).observe(ms / 1000)
         elif now - self.first_audio_at > self.audio_s + UNDERRUN_SLACK_S:
             self.underrun = True  # everything before this chunk would have played out
         self.audio_s += pcm16_bytes / (2 * AUDIO_OUTPUT_RATE)
@@ -144,10 +146,10 @@ class Ticket:
             self.released = True
             if self.audio_s > 0 and self.kind in AUDIO_KINDS:
                 m, rtf = self.service.metrics, (self.last_audio_at - self.started) / self.audio_s
-                m.rtf.labels(self.kind).observe(rtf)
-                m.audio_streams.labels(self.kind).inc()
+                m.rtf.labels(m.model, self.kind).observe(rtf)
+                m.audio_streams.labels(m.model, self.kind).inc()
                 if self.underrun:
-                    m.underruns.labels(self.kind).inc()
+                    m.underruns.labels(m.model, self.kind).inc()
                 self.service.rtfs.add(rtf)
                 self.service.underruns.add(1.0 if self.underrun else 0.0)
             self.service._release(self)
@@ -158,15 +160,15 @@ class WorkerService:
         self,
         settings: WorkerSettings,
         spec: ModelSpec,
-        engine: Pipeline,
+        pipeline: Pipeline,
         worker_id: str,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.spec = spec
-        self.engine = engine
+        self.pipeline = pipeline
         self.worker_id = worker_id
-        self.metrics = metrics or WorkerMetrics(spec.stages)
+        self.metrics = metrics or WorkerMetrics(spec.stages, spec.name)
         self.capabilities = capabilities_of(spec)
         self.status = WorkerStatus.STARTING
         self.detail = "starting"
@@ -174,7 +176,7 @@ class WorkerService:
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
         self._memory_transcripts: dict[str, tuple[float, str]] = {}  # audio id -> (expiry, text)
         self.in_flight = 0
-        self.waiting: Counter[str] = Counter()  # stage -> admitted engine requests it holds
+        self.waiting: Counter[str] = Counter()  # stage -> admitted pipeline requests it holds
         self.ttft = _RecentSamples()
         self.ttfa = _RecentSamples()
         self.rtfs = _RecentSamples()  # audio replies' real-time factors
@@ -193,7 +195,7 @@ class WorkerService:
     def family(self) -> Family:
         """The served checkpoint's model family (``PLAIN``: a plain model, or not known): what
         the speech and transcription endpoints speak beyond the common surface."""
-        spec_path = getattr(self.engine, "spec_path", None)
+        spec_path = getattr(self.pipeline, "spec_path", None)
         if spec_path is None:
             return PLAIN
         try:
@@ -210,7 +212,7 @@ class WorkerService:
 
     @property
     def serving(self) -> bool:
-        return self.status == WorkerStatus.READY and self.engine.status().ready
+        return self.status == WorkerStatus.READY and self.pipeline.status().ready
 
     def check_model(self, model: str | None) -> str:
         if model is None or model not in self.spec.served_models:
@@ -230,23 +232,25 @@ class WorkerService:
         output_audio: bool = False,
         requests: int = 1,
     ) -> Ticket:
-        """A ticket for ``requests`` engine requests of ``kind`` (the n choices of a chat, the
+        """A ticket for ``requests`` pipeline requests of ``kind`` (the n choices of a chat, the
         items of a batch), or a 503 naming what is full: the worker (``capacity``) or a stage
         (its spec's running plus queued requests)."""
         if self.status == WorkerStatus.DRAINING:
             raise OmniError(503, ErrorCode.DRAINING, "worker is draining; retry on another")
         if self.status == WorkerStatus.STARTING:
             raise OmniError(503, ErrorCode.WORKER_UNAVAILABLE, f"worker is {self.detail}")
-        engine = self.engine.status()
-        if not engine.ready or not engine.healthy:
+        pipeline = self.pipeline.status()
+        if not pipeline.ready or not pipeline.healthy:
             raise OmniError(
-                503, ErrorCode.STAGE_FAILED, f"pipeline not ready: {engine.detail or 'recovering'}"
+                503,
+                ErrorCode.STAGE_FAILED,
+                f"pipeline not ready: {pipeline.detail or 'recovering'}",
             )
         if self.in_flight >= self.settings.capacity:
             raise OmniError(
                 503, ErrorCode.OVERLOADED, f"worker is at capacity ({self.settings.capacity})"
             )
-        limits = self.engine.stage_limits(outputs_of(kind, output_audio))
+        limits = self.pipeline.stage_limits(outputs_of(kind, output_audio))
         for stage, limit in limits.items():
             if self.waiting[stage] + requests > limit:
                 raise OmniError(
@@ -294,7 +298,7 @@ class WorkerService:
     # -- load --------------------------------------------------------------------------------
 
     def load_report(self) -> LoadReport:
-        status = self.engine.status()
+        status = self.pipeline.status()
         depth = {name: s.queue_depth for name, s in status.stages.items()}
         busy = {name: round(s.busy, 4) for name, s in status.stages.items()}
         self.metrics.observe_stages(depth, busy)

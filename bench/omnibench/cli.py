@@ -118,10 +118,11 @@ def bench(settings: BenchSettings, console: Console) -> reports.Report:
         plan = Plan(
             target=target, mix=settings.mix, prompts=prompts, loop=settings.loop,
             levels=settings.levels, duration_s=settings.duration_s, requests=settings.requests,
-            warmup=settings.warmup, seed=settings.seed, timeout_s=settings.timeout_s,
+            warmup=settings.warmup, idle=settings.idle, seed=settings.seed,
+            timeout_s=settings.timeout_s,
         )  # fmt: skip
-        results = asyncio.run(run(plan, progress=settings.progress))
-    return reports.Report(plan, results, info)
+        measured = asyncio.run(run(plan, progress=settings.progress))
+    return reports.Report(plan, measured.idle, measured.levels, info)
 
 
 def main(argv: list[str] | None = None) -> int:

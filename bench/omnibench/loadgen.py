@@ -45,6 +45,7 @@ class Plan:
     duration_s: float  # a level sends for this long ...
     requests: int  # ... or exactly this many requests, when > 0
     warmup: int
+    idle: int  # requests of each workload sent one at a time to the idle fleet
     seed: int
     timeout_s: float
 
@@ -116,8 +117,28 @@ class LevelResult:
     samples: list[Sample]
 
 
-async def run(plan: Plan, progress: bool = True) -> list[LevelResult]:
-    """Warm up, then every level in turn; a progress bar per level on a terminal."""
+@dataclass(frozen=True)
+class Measured:
+    idle: LevelResult  # each workload alone on the idle fleet (level 0)
+    levels: list[LevelResult]
+
+
+async def _idle(plan: Plan, client: httpx.AsyncClient) -> LevelResult:
+    """``plan.idle`` requests of each workload, one at a time: what the fleet does unloaded,
+    with prompts of the levels' own sequence."""
+    todo = sequence(plan, 10_000)
+    samples: list[Sample] = []
+    start = time.perf_counter()
+    for kind in plan.mix:
+        for prompt in [p for k, p in todo if k is kind][: plan.idle]:
+            sample = Sample(kind.value, 0.0, len(samples), sent_s=time.perf_counter() - start)
+            samples.append(await measure(client, plan.target, kind, prompt, sample))
+    return LevelResult(0.0, time.perf_counter() - start, samples)
+
+
+async def run(plan: Plan, progress: bool = True) -> Measured:
+    """Warm up, measure the idle fleet, then every level in turn; a progress bar per level on a
+    terminal."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(plan.timeout_s, connect=30.0)
     results = []
@@ -127,6 +148,7 @@ async def run(plan: Plan, progress: bool = True) -> list[LevelResult]:
     ) as client:  # fmt: skip
         for i, (kind, prompt) in enumerate(sequence(plan, plan.warmup)):
             await measure(client, plan.target, kind, prompt, Sample(kind.value, 0.0, i, 0.0))
+        idle = await _idle(plan, client)
         columns = (
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -144,4 +166,4 @@ async def run(plan: Plan, progress: bool = True) -> list[LevelResult]:
                 samples = await run_level(plan, client, level, advance)
                 results.append(LevelResult(level, time.perf_counter() - start, samples))
                 bar.update(task, total=len(samples), completed=len(samples))
-    return results
+    return Measured(idle, results)

@@ -45,6 +45,11 @@ class BenchSettings(BaseSettings):
     duration_s: float = Field(20.0, gt=0, description="how long each level sends requests")
     requests: int = Field(0, ge=0, description="exactly this many requests a level (0: by time)")
     warmup: int = Field(2, ge=0, description="requests sent one at a time first, not counted")
+    idle: int = Field(
+        4, ge=1,
+        description="after the warm-up, requests of each workload sent one at a time to the idle "
+        "fleet: the reference a level is held against",
+    )  # fmt: skip
     seed: int = Field(0, description="seed of the request sequence and the arrival times")
     prompts: Path | None = Field(
         None, description='JSONL file, one {"prompt": ..., "max_tokens": N} a line'

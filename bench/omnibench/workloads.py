@@ -53,8 +53,9 @@ class Sample:
     rtf: float | None = None  # speech: e2e / audio out; transcription: e2e / clip
     underruns: int | None = None  # speech, realtime: times the player ran dry
     stall_s: float | None = None
-    # answered, but with nothing in it (no token, no audio): a tiny model with random weights
-    # may end at once; the request succeeded, its latency figures are None
+    # answered, but with nothing in it (no token, no audible audio): silent, which the report
+    # does not count as a success (a tiny model with random weights may end at once); its
+    # end-to-end time is measured, the figures of its output are None
     empty: bool = False
 
     @property

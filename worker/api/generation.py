@@ -29,7 +29,7 @@ from worker.service import Ticket, WorkerService
 async def events(
     service: WorkerService, request: GenerationRequest
 ) -> AsyncIterator[AsyncIterator[Event]]:
-    stream = service.engine.generate(request)
+    stream = service.pipeline.generate(request)
     try:
         yield stream
     finally:

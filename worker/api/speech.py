@@ -75,7 +75,7 @@ async def speech_generation(
                     f"model {service.spec.name!r} speaks without {field}: only Qwen3-TTS "
                     "models take it", field,
                 )  # fmt: skip
-    elif instructions and not service.engine.follows_instructions():
+    elif instructions and not service.pipeline.follows_instructions():
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST,
             f"model {service.spec.name!r} does not follow instructions (its checkpoint cannot: "

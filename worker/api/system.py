@@ -21,7 +21,7 @@ def _model(service, name: str) -> dict:
         "created": service.created,
         "owned_by": "omni-fleet",
         "capabilities": service.capabilities.model_dump(mode="json"),
-        "voices": service.engine.speakers(),
+        "voices": service.pipeline.speakers(),
         "engines": _engines(service),
     }
 
@@ -30,7 +30,7 @@ def _engines(service) -> list[dict]:
     """Each autoregressive stage's SGLang engine as the worker's plan started it (one pipeline
     replica; the others are alike): where it runs, its dtype, attention backend, tensor-parallel
     ranks and KV pool."""
-    plan = getattr(service.engine, "node_plan", None)
+    plan = getattr(service.pipeline, "node_plan", None)
     if plan is None:
         return []
     replicas = len(plan.replicas)
@@ -73,7 +73,7 @@ async def model(name: str, request: Request) -> dict:
 @router.get("/live")
 async def health(request: Request) -> dict:
     service = service_of(request)
-    engine = service.engine.status()
+    engine = service.pipeline.status()
     body = {
         "status": "alive",
         "worker_id": service.worker_id,
@@ -81,7 +81,7 @@ async def health(request: Request) -> dict:
         "engine": {"ready": engine.ready, "healthy": engine.healthy, "detail": engine.detail},
     }
     # Stage process ids, when the engine exposes them: for operators and the restart test.
-    pids = getattr(service.engine, "process_pids", None)
+    pids = getattr(service.pipeline, "process_pids", None)
     if callable(pids):
         body["processes"] = pids()
     return body
@@ -92,7 +92,7 @@ async def ready(request: Request) -> Response:
     service = service_of(request)
     if service.serving:
         return Response(b'{"status":"ready"}', media_type="application/json")
-    engine = service.engine.status()
+    engine = service.pipeline.status()
     code = (
         ErrorCode.DRAINING if service.status.value == "draining" else ErrorCode.WORKER_UNAVAILABLE
     )

@@ -61,7 +61,7 @@ async def resolve_voice_record(
     """``resolve_voice`` plus the uploaded voice's record (None for a built-in speaker), read in
     the same fetch: its transcript and content hash belong to exactly these samples."""
     rate = rate or VOICE_REFERENCE_RATE
-    builtin = service.engine.speakers()
+    builtin = service.pipeline.speakers()
     if name in builtin:
         return name, None, None
     found = await service.get_voice(name)
@@ -138,7 +138,7 @@ def _require(service: WorkerService) -> None:
 @router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> dict:
     service = service_of(request)
-    builtin = [{"object": "voice", "name": n, "builtin": True} for n in service.engine.speakers()]
+    builtin = [{"object": "voice", "name": n, "builtin": True} for n in service.pipeline.speakers()]
     uploaded = [_voice_json(r) for r in await service.list_voices()]
     return {"object": "list", "data": builtin + uploaded}
 
@@ -182,7 +182,7 @@ async def upload_voice(request: Request) -> dict:
             "field 'consent' must be at most 256 characters",
             "consent",
         )
-    if name in service.engine.speakers():
+    if name in service.pipeline.speakers():
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
         )
@@ -232,25 +232,25 @@ async def upload_voice(request: Request) -> dict:
 @router.get("/v1/audio/voices/{name}")
 async def get_voice(name: str, request: Request) -> dict:
     service = service_of(request)
-    if name in service.engine.speakers():
+    if name in service.pipeline.speakers():
         return {"object": "voice", "name": name, "builtin": True}
     found = await service.get_voice(name)
     if found is None:
-        raise voice_not_found(name, service.engine.speakers(), "name")
+        raise voice_not_found(name, service.pipeline.speakers(), "name")
     return _voice_json(found[0])
 
 
 @router.delete("/v1/audio/voices/{name}")
 async def delete_voice(name: str, request: Request) -> dict:
     service = service_of(request)
-    if name in service.engine.speakers():
+    if name in service.pipeline.speakers():
         raise OmniError(400, ErrorCode.INVALID_REQUEST, f"{name!r} is built in", "name")
     try:
         deleted = await service.delete_voice(name, request.headers.get(API_KEY_ID_HEADER, ""))
     except VoiceOwnedByAnotherKey as exc:
         raise _owned_error(name) from exc
     if not deleted:
-        raise voice_not_found(name, service.engine.speakers(), "name")
+        raise voice_not_found(name, service.pipeline.speakers(), "name")
     return {"object": "voice", "name": name, "deleted": True}
 
 

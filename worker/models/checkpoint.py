@@ -1,9 +1,10 @@
-"""Where a spec's weights come from, and how a stage loads its component.
+"""Where a spec's weights come from.
 
 A spec's ``model_dir`` is either a real checkpoint (config.json + safetensors) or a config-only
 directory with ``seeded_weights.json`` (tiny test models). For the latter, seeded random weights
 are built once into the cache directory, keyed by a digest of the configs, and saved as an
-ordinary checkpoint; both cases then load through ``from_pretrained`` on a directory.
+ordinary checkpoint; both cases are then a checkpoint directory, from which each stage loads
+only its own tensors (``worker.layers.stage_weights``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.spec import ModelSpec, StageSpec, resolve_model_dir
-from worker.layers.stage_weights import torch_dtype
+from planner.spec import ModelSpec, resolve_model_dir
 
 SEED_FILE = "seeded_weights.json"
 BUILDER_VERSION = "5"  # bump when the way checkpoints are built changes (weights, templates)
@@ -89,39 +89,3 @@ def _tiny_builder(config_dir: Path) -> Any:
         f"{config_dir}: no tiny-checkpoint builder knows this model (those of "
         f"{', '.join(f.name for f in FAMILIES.values() if f.tiny_builder)}, under worker/models/)"
     )
-
-
-def model_class(component_dir: Path) -> Any:
-    """The transformers class named by ``architectures[0]`` of the component's config.json."""
-    import transformers
-
-    config = json.loads((component_dir / "config.json").read_text())
-    archs = config.get("architectures") or []
-    if not archs:
-        raise ValueError(f"{component_dir}/config.json names no architectures")
-    cls = getattr(transformers, archs[0], None)
-    if cls is None:
-        raise ValueError(f"{component_dir}: transformers has no class {archs[0]!r}")
-    return cls
-
-
-def load_component(root: Path, config_dir: str, module: str, dtype: str, device: str) -> Any:
-    """from_pretrained on the component's directory, then the named submodule (eval mode)."""
-    path = root / config_dir if config_dir else root
-    model = model_class(path).from_pretrained(path, dtype=torch_dtype(dtype))
-    if module:
-        model = model.get_submodule(module)
-    return model.to(device).eval()
-
-
-def load_stage_model(name: str, stage: StageSpec, checkpoint: Path, device: str) -> Any:
-    """A stage's component through ``from_pretrained`` (real and seeded checkpoints alike)."""
-    comp = stage.component
-    if comp is None:
-        raise ValueError(f"stage {name}: executor {stage.executor} needs a component")
-    if stage.tp_size > 1:
-        raise ValueError(
-            f"stage {name}: tp_size {stage.tp_size} needs a tensor-parallel engine; "
-            "the transformers executor runs one device per stage (tp_size 1)"
-        )
-    return load_component(checkpoint, comp.config_dir, comp.module, stage.dtype.on(device), device)

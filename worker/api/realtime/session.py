@@ -76,7 +76,7 @@ class RealtimeSession:
         self.transcribes = Endpoint.TRANSCRIPTION in service.capabilities.endpoints
         if not self.hears:  # text-to-speech: no audio comes in, so no turns to detect
             self.config.turn_detection = None
-        speakers = service.engine.speakers()
+        speakers = service.pipeline.speakers()
         self.config.voice = speakers[0] if speakers else None  # a built-in: nothing to fetch
         self.voice_audio: np.ndarray | None = None
         self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)

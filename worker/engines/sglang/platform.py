@@ -7,8 +7,10 @@ any platform the rotary embedding reaches for ``vllm._custom_ops``
 out-of-tree device with SGLang's torch-native paths: ``torch_native`` attention, the ``native``
 dispatch key (layers take their ``forward_native``: MoE, norms, rope), the pytorch sampling
 backend, no graphs, no triton kernels, no pynccl. The scheduler, KV pool, radix cache, chunked
-prefill, sampler and grammar backend are SGLang's, unchanged: CI runs what a GPU host runs,
-minus the kernels.
+prefill, sampler and grammar backend are SGLang's, unchanged, as on a GPU host; the attention
+over the pool and the decoder stack's per-step body are not: the vendor layer's CPU replacements
+(``cpu_attention.py``, ``cpu_stack.py``, each citing the SGLang code it stands in for) run
+there, where a GPU host runs SGLang's kernels, model classes and CUDA graphs.
 
 It is found through the ``sglang.srt.platforms`` entry point (pyproject.toml); ``activate``
 returns None on a CUDA host, where SGLang's CUDA platform and kernels apply.

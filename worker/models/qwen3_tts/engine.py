@@ -48,17 +48,6 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / "config.json").read_text())
 
 
-def load_model(checkpoint: Path, device: str = "cpu", dtype=torch.float32) -> Qwen3TTSModel:
-    """Build the module tree and load ``model.safetensors`` (or its shards) strictly."""
-    from worker.layers.module_weights import load_into
-
-    config = read_config(checkpoint)
-    with torch.device("meta"):
-        model = Qwen3TTSModel(config)
-    load_into(model, checkpoint, device=device, dtype=dtype)
-    return model.eval()
-
-
 @dataclass
 class Prompt:
     embeds: torch.Tensor  # (1, T, H)
