@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 from fleet.records import ProcessMemory
 from planner.plan import NodePlan, ProcessPlan
-from planner.spec import Executor, ModelSpec, resolve_model_dir
+from planner.spec import Executor, ModelSpec
 from worker.contract.options import RequestInput
 from worker.contract.pipeline import (
     AudioChunk,
@@ -44,8 +43,7 @@ from worker.contract.pipeline import (
     WordTimings,
     outputs_of,
 )
-from worker.models.family import Family
-from worker.models.registry import family_of
+from worker.models.voices import checkpoint_voices
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
 from worker.runtime.graph import Route, route
@@ -136,13 +134,7 @@ class Coordinator:
         self._fatal: str | None = None
         self._changed: asyncio.Event = None  # type: ignore[assignment]  # made in start()
         self._restarts: set[asyncio.Task] = set()
-        family = family_of(resolve_model_dir(spec, self.spec_path))
-        configs = _component_configs(spec, self.spec_path)
-        self._speakers = _read_speakers(family, configs)
-        follows = family.follows_instructions
-        self._follows_instructions = family.speech_options and (
-            follows is None or all(follows(cfg) for cfg in configs)
-        )
+        self._voices = checkpoint_voices(spec, self.spec_path)
         cpu_procs = sum(1 for p in node_plan.processes if p.device == "cpu") or 1
         self.shm_prefix = f"omni{os.getpid()}x{next(_ENGINE_IDS)}"
         # request_id -> [(monotonic time, stage, what)]: what each stage sent and was sent, for
@@ -241,10 +233,10 @@ class Coordinator:
         return out
 
     def speakers(self) -> list[str]:
-        return list(self._speakers)
+        return list(self._voices.speakers)
 
     def follows_instructions(self) -> bool:
-        return self._follows_instructions
+        return self._voices.follows_instructions
 
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         limits = self._limits.get(outputs)
@@ -640,35 +632,3 @@ def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progr
     from worker.models.checkpoint import resolve_checkpoint
 
     return resolve_checkpoint(spec, spec_path, cache_dir, log=progress)
-
-
-def _component_configs(spec: ModelSpec, spec_path: Path) -> list[dict]:
-    """The config.json of each stage's component (one that cannot be read is left out)."""
-    root = resolve_model_dir(spec, spec_path)
-    configs = []
-    for stage in spec.stages.values():
-        if stage.component is None:
-            continue
-        path = root / stage.component.config_dir / "config.json"
-        try:
-            configs.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return configs
-
-
-def _read_speakers(family: Family, configs: list[dict]) -> list[str]:
-    """Built-in voices: those a component config names (``speaker_id``, as Qwen3-Omni's talker
-    has, or ``spk_id``; or as the family reads them)."""
-    names: list[str] = []
-    for cfg in configs:
-        speakers = family.speakers_of(cfg) if family.speakers_of else None
-        if speakers is None:
-            # Qwen3-Omni keeps its speakers in the talker's nested config; Qwen3-TTS
-            # CustomVoice names them ``spk_id``
-            talker = cfg.get("talker_config") or {}
-            speakers = cfg.get("speaker_id") or talker.get("speaker_id") or talker.get("spk_id")
-        for name in speakers or {}:
-            if name not in names:
-                names.append(name)
-    return names
