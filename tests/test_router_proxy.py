@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.api_keys import api_key_id
 from fleet.redis_server import free_port
@@ -98,16 +99,19 @@ def test_chunked_audio_passes_through_incrementally(router: Router) -> None:
 
 
 def _histogram(router: Router, name: str, route: str) -> tuple[float, float]:
-    """(count, sum) of one route's histogram on the router's /metrics."""
-    found = {}
-    for line in httpx.get(router.url + "/metrics", timeout=5).text.splitlines():
-        for part in ("count", "sum"):
-            if line.startswith(f'omni_router_{name}_{part}{{route="{route}"}} '):
-                found[part] = float(line.split()[-1])
+    """(count, sum) of one route's histogram on the router's /metrics, over its other labels
+    (the first-byte times are also by model: "*" for a static worker)."""
+    found = {"count": 0.0, "sum": 0.0}
+    metrics = httpx.get(router.url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            for part in found:
+                if sample.name == f"omni_router_{name}_{part}" and sample.labels["route"] == route:
+                    found[part] += sample.value
     return found["count"], found["sum"]
 
 
-def test_time_to_first_byte_is_a_histogram_per_route(router: Router) -> None:
+def test_time_to_first_byte_is_a_histogram_per_route_and_model(router: Router) -> None:
     """A stream of five chunks 150 ms apart: its first byte within a chunk's time, its end
     after the other four."""
     first = _histogram(router, "first_byte_seconds", "speech")
@@ -119,6 +123,14 @@ def test_time_to_first_byte_is_a_histogram_per_route(router: Router) -> None:
             pass
     count, seconds = _histogram(router, "first_byte_seconds", "speech")
     assert count == first[0] + 1 and seconds - first[1] < 0.15
+    metrics = httpx.get(router.url + "/metrics", timeout=5).text
+    models = {
+        sample.labels["model"]
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "omni_router_first_byte_seconds_count"
+    }
+    assert models == {"*"}  # by the worker's model: a static worker's record names none
     count, seconds = _histogram(router, "request_duration_seconds", "speech")
     assert count == whole[0] + 1 and seconds - whole[1] >= 0.55
 
