@@ -8,7 +8,7 @@ import functools
 import logging
 import statistics
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -174,7 +174,8 @@ class WorkerService:
         self.detail = "starting"
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
-        self._memory_transcripts: dict[str, tuple[float, str]] = {}  # audio id -> (expiry, text)
+        # audio id -> (expiry, text), oldest first
+        self._memory_transcripts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self.in_flight = 0
         self.waiting: Counter[str] = Counter()  # stage -> admitted pipeline requests it holds
         self.ttft = _RecentSamples()
@@ -323,10 +324,11 @@ class WorkerService:
         Redis when configured: the next turn may land on another worker). A store that is down
         costs only that later reference (refused then as unknown), not this reply."""
         if self.store is None:
-            now = time.monotonic()
-            live = {k: v for k, v in self._memory_transcripts.items() if v[0] > now}
-            live[audio_id] = (now + REPLY_AUDIO_TTL_S, transcript)
-            self._memory_transcripts = live
+            now, kept = time.monotonic(), self._memory_transcripts
+            # one lifetime for all: the oldest expire first, so pruning stops at a live one
+            while kept and next(iter(kept.values()))[0] <= now:
+                kept.popitem(last=False)
+            kept[audio_id] = (now + REPLY_AUDIO_TTL_S, transcript)
             return
         try:
             await self.store.put_reply_transcript(audio_id, transcript, REPLY_AUDIO_TTL_S * 1000)
