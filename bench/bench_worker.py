@@ -34,6 +34,7 @@ from worker.contract.pipeline import (  # noqa: E402
     RequestKind,
     TextDelta,
 )
+from worker.daemon import coordinator_for  # noqa: E402
 from worker.runtime.coordinator import Coordinator  # noqa: E402
 
 SPEC = REPO / "configs" / "models" / "tiny-omni.yaml"
@@ -88,7 +89,7 @@ def ms(xs: list[float]) -> str:
 async def main(args: argparse.Namespace) -> dict:
     spec = ModelSpec.model_validate_json(json.dumps(__import__("yaml").safe_load(SPEC.read_text())))
     cache = Path(args.cache or tempfile.mkdtemp(prefix="omni-bench-"))
-    eng = Coordinator(spec, SPEC, cpu_node_plan(spec), cache)
+    eng = coordinator_for(spec, SPEC, cpu_node_plan(spec), cache)
     t0 = time.perf_counter()
     await eng.start(lambda _m: None)
     report: dict = {"startup_s": round(time.perf_counter() - t0, 2)}
@@ -163,7 +164,7 @@ async def bench_layouts(args: argparse.Namespace) -> dict:
     }
     report: dict = {}
     for name, groups in layouts.items():
-        eng = Coordinator(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
+        eng = coordinator_for(spec, SPEC, cpu_node_plan(spec, groups=groups), cache)
         await eng.start(lambda _m: None)
         try:
             for i in range(2):  # warm the paths once

@@ -135,7 +135,7 @@ class BatchingSettings(Strict):
 class StreamingSettings(Strict):
     """How a vocoder decodes a stream of codec frames (``stages.X.streaming.*``): in the
     reference decode's blocks, each layer keeping its state within a block
-    (worker.stages.vocoder)."""
+    (worker.layers.streamed_vocoder)."""
 
     block_frames: int = Field(
         300, ge=1, description="frames the reference decodes in one pass (chunked_decode)"

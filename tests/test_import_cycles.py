@@ -109,7 +109,7 @@ FAMILIES = ROOT / "worker" / "models"
 
 
 def family_of(module: str) -> str | None:
-    """``worker.models.qwen3_tts.stages`` -> ``qwen3_tts``; None outside a family's folder."""
+    """``worker.models.qwen3_tts.talker`` -> ``qwen3_tts``; None outside a family's folder."""
     parts = module.split(".")
     if len(parts) > 2 and parts[:2] == ["worker", "models"] and (FAMILIES / parts[2]).is_dir():
         return parts[2]
@@ -120,17 +120,37 @@ def _under(module: str, *folders: str) -> bool:
     return any(module == f or module.startswith(f + ".") for f in folders)
 
 
-# a layer -> the layers above it, which it must not import (api -> runtime -> models -> stages ->
-# engines -> layers -> contract; each may import any layer below it)
+# The worker's stack, top to bottom (docs/omni-worker.md, "The worker's stack"):
+#   cli -> daemon (assembles the rest) -> registration -> api -> service -> runtime -> models ->
+#   stages -> engines -> layers -> contract; settings, gpus and metrics are leaves.
+# The API and the service drive the pipeline through contract's ``Pipeline`` protocol: they
+# never import the runtime, which the daemon builds and hands them.
+TOP = ("worker.cli", "worker.daemon", "worker.registration")
+LEAVES = ("worker.settings", "worker.gpus", "worker.metrics")
+# a layer -> what it must not import (the layers above it), unless ``BELOW`` allows it
 ABOVE = {
     "worker.contract": ("worker",),
     "worker.layers": ("worker",),
-    "worker.engines": ("worker.stages", "worker.models", "worker.runtime", "worker.api"),
-    "worker.stages": ("worker.models", "worker.runtime", "worker.api"),
-}
+    "worker.settings": ("worker",),
+    "worker.gpus": ("worker",),
+    "worker.metrics": ("worker",),
+    "worker.engines": ("worker.stages", "worker.models", "worker.runtime", "worker.api",
+                       "worker.service", *TOP, *LEAVES),
+    "worker.stages": ("worker.models", "worker.runtime", "worker.api", "worker.service", *TOP,
+                      *LEAVES),
+    "worker.models": ("worker.runtime", "worker.api", "worker.service", *TOP, *LEAVES),
+    "worker.runtime": ("worker.api", "worker.service", *TOP, *LEAVES),
+    "worker.service": ("worker.api", "worker.runtime", *TOP),
+    "worker.api": ("worker.runtime", *TOP),
+    "worker.registration": ("worker.api", "worker.runtime", "worker.daemon", "worker.cli"),
+    "worker.daemon": ("worker.cli",),
+}  # fmt: skip
 BELOW = {
     "worker.contract": ("worker.contract",),
     "worker.layers": ("worker.layers", "worker.contract"),
+    "worker.settings": ("worker.settings",),
+    "worker.gpus": ("worker.gpus",),
+    "worker.metrics": ("worker.metrics", "worker.contract"),
 }
 
 
@@ -164,6 +184,7 @@ def test_the_folder_rules_catch_each_wrong_import() -> None:
         "worker.models.qwen3_asr.modeling": {"worker.models.qwen3_tts.modeling"},
         "worker.api.transcription": {"worker.models.qwen3_asr.processor"},
         "worker.layers.qwen3_decoder": {"worker.stages.base"},
+        "worker.layers.streamed_vocoder": {"worker.stages.vocoder"},
         "worker.engines.sglang.engine": {"worker.runtime.process"},
         "worker.engines.base": {"worker.stages.base"},
         "worker.stages.decode": {"worker.models.qwen3_omni.code2wav"},
@@ -171,9 +192,15 @@ def test_the_folder_rules_catch_each_wrong_import() -> None:
         "worker.contract.pipeline": {"worker.layers.qwen3_decoder"},
         "worker.runtime.coordinator": {"worker.models.qwen3_tts"},
         "worker.models.checkpoint": {"worker.models.qwen3_omni.tiny"},
+        "worker.runtime.process": {"worker.service"},
+        "worker.models.family": {"worker.runtime.graph"},
+        "worker.api.chat": {"worker.runtime.coordinator"},
+        "worker.metrics": {"worker.service"},
+        "worker.settings": {"worker.contract.pipeline"},
+        "worker.registration": {"worker.daemon"},
     }
     allowed = {
-        "worker.models.qwen3_tts.stages": {"worker.layers.qwen3_decoder", "worker.stages.base"},
+        "worker.models.qwen3_tts.talker": {"worker.layers.qwen3_decoder", "worker.stages.base"},
         "worker.api.speech": {"worker.models.registry"},
         "worker.layers.module_weights": {"worker.layers.stage_weights", "planner.components"},
         "worker.engines.sglang.talkers": {"worker.contract.stage_context", "worker.layers.x"},
@@ -181,6 +208,10 @@ def test_the_folder_rules_catch_each_wrong_import() -> None:
         "worker.contract.options": {"worker.contract.sampling", "fleet.records"},
         "worker.models.registry": {"worker.models.qwen3_tts", "worker.models.qwen3_asr"},
         "worker.runtime.host": {"worker.models.registry", "worker.stages.base"},
+        "worker.service": {"worker.models.registry", "worker.metrics", "worker.settings"},
+        "worker.daemon": {"worker.runtime.coordinator", "worker.api.app", "worker.registration"},
+        "worker.cli": {"worker.daemon", "worker.settings"},
+        "worker.api.gate": {"worker.service", "worker.settings"},
     }
     found = rule_breaks({**wrong, **allowed})
     assert found == sorted(f"{m} -> {d}" for m, ds in wrong.items() for d in ds)

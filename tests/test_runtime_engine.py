@@ -34,6 +34,7 @@ from worker.contract.pipeline import (
     TextDelta,
 )
 from worker.contract.sampling import Sampling
+from worker.daemon import coordinator_for
 from worker.runtime.coordinator import Coordinator, _stage_threads
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -52,7 +53,7 @@ def with_audio(clip: np.ndarray) -> list[dict]:
 def make_pipeline(cache: Path, groups: dict[str, list[str]] | None = None) -> Coordinator:
     """tiny-omni's pipeline, in ``groups`` of processes."""
     spec = ModelSpec.model_validate(yaml.safe_load(SPEC_PATH.read_text()))
-    return Coordinator(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
+    return coordinator_for(spec, SPEC_PATH, cpu_node_plan(spec, groups=groups), cache)
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +402,7 @@ async def test_a_stage_that_cannot_load_fails_start_with_its_error(tmp_path: Pat
             },
         }
     )
-    eng = Coordinator(spec, tmp_path / "spec.yaml", cpu_node_plan(spec), tmp_path / "cache")
+    eng = coordinator_for(spec, tmp_path / "spec.yaml", cpu_node_plan(spec), tmp_path / "cache")
     with pytest.raises(RuntimeError, match=re.escape(error)):
         await asyncio.wait_for(eng.start(lambda _m: None), timeout=120)
     st = eng.status()

@@ -81,12 +81,12 @@ def test_stage_limits_follow_the_route_the_plan_and_the_replicas(tmp_path: Path)
     stages that the request's outputs visit."""
     from planner.localplan import cpu_node_plan
     from worker.contract.pipeline import RequestKind, outputs_of
-    from worker.runtime.coordinator import Coordinator
+    from worker.daemon import coordinator_for
 
     spec = tiny_spec()
     spec.stages["talker"].engine.max_queued_requests = 3
     plan = cpu_node_plan(spec)
-    one = Coordinator(spec, SPEC_PATH, plan, tmp_path)
+    one = coordinator_for(spec, SPEC_PATH, plan, tmp_path)
     assert one.stage_limits(outputs_of(RequestKind.CHAT)) == {"thinker": 16 + 64}
     assert one.stage_limits(outputs_of(RequestKind.SPEECH)) == {"thinker": 80, "talker": 19}
     # the plan's running requests win; a second replica doubles the room
@@ -94,7 +94,7 @@ def test_stage_limits_follow_the_route_the_plan_and_the_replicas(tmp_path: Path)
     placed = next(s for s in thinker.stages if s.stage == "thinker")
     placed.max_running_requests = 4
     second = [p.model_copy(update={"name": "1/" + p.group, "replica": 1}) for p in plan.processes]
-    two = Coordinator(
+    two = coordinator_for(
         spec, SPEC_PATH, plan.model_copy(update={"processes": [*plan.processes, *second]}), tmp_path
     )
     assert two.stage_limits(outputs_of(RequestKind.CHAT, output_audio=True)) == {
@@ -467,6 +467,7 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
 
     from planner.localplan import cpu_node_plan
     from planner.spec import ModelSpec
+    from worker.models.voices import CheckpointVoices
     from worker.runtime import coordinator as engine_module
     from worker.stages import messages as m
 
@@ -490,8 +491,12 @@ async def test_a_stage_ready_before_its_process_object_returns_is_not_lost(
     spec_path = Path("configs/models/tiny-omni.yaml")
     spec = ModelSpec.model_validate(yaml.safe_load(spec_path.read_text()))
     monkeypatch.setattr(engine_module, "StageProcess", ImmediateProcess)
-    monkeypatch.setattr(engine_module, "_resolve_checkpoint", lambda *a: tmp_path)
-    engine = engine_module.Coordinator(spec, spec_path, cpu_node_plan(spec), tmp_path)
+    engine = engine_module.Coordinator(
+        spec,
+        cpu_node_plan(spec),
+        checkpoint=lambda _log: tmp_path,
+        voices=CheckpointVoices([], False),
+    )
     await asyncio.wait_for(engine.start(lambda _m: None), timeout=10)
     assert engine.status().ready
 

@@ -149,7 +149,8 @@ def test_a_talkers_first_codes_are_drawn_as_the_official_generate_draws_them() -
         TopPLogitsWarper,
     )
 
-    from worker.models.qwen3_tts.engine import FirstCodes, checkpoint_sampling
+    from worker.models.qwen3_tts.talker import checkpoint_sampling
+    from worker.models.qwen3_tts.talker_sglang import FirstCodes
 
     hf = Path(__file__).resolve().parents[1] / "configs" / "hf"
     config = json.loads((hf / "Qwen--Qwen3-TTS-12Hz-1.7B-CustomVoice" / "config.json").read_text())

@@ -166,7 +166,7 @@ def test_stop_tokens_follow_the_checkpoints_generation_config(tmp_path) -> None:
 
     import torch
 
-    from worker.stages.generation_config import stop_tokens
+    from worker.layers.generation_config import stop_tokens
 
     assert stop_tokens(tmp_path, config_eos=7).eos == {7}  # no file: the model config's
     (tmp_path / "generation_config.json").write_text(

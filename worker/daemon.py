@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -31,6 +33,9 @@ from worker.metrics import WorkerMetrics
 from worker.registration import Registrar
 from worker.service import WorkerService, capabilities_of
 from worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from worker.runtime.coordinator import Coordinator
 
 log = logging.getLogger("omni-worker")
 
@@ -157,14 +162,34 @@ def _print_plan(plan: LaunchPlan, settings: WorkerSettings) -> None:
 
 
 def make_pipeline(settings: WorkerSettings, planned: Planned) -> Pipeline:
-    from worker.runtime.coordinator import Coordinator
-
-    return Coordinator(
+    return coordinator_for(
         planned.spec,
         planned.spec_path,
         planned.node_plan,
         settings.cache_dir,
         families=tuple(settings.model_family),
+    )
+
+
+def coordinator_for(
+    spec: ModelSpec,
+    spec_path: Path,
+    node_plan: NodePlan,
+    cache_dir: Path,
+    families: tuple[str, ...] = (),
+) -> Coordinator:
+    """The stage processes of ``node_plan`` on the spec's checkpoint (the seeded one built in
+    ``cache_dir`` at start where the spec asks for it) with the voices it names."""
+    from worker.models.checkpoint import resolve_checkpoint
+    from worker.models.voices import checkpoint_voices
+    from worker.runtime.coordinator import Coordinator
+
+    return Coordinator(
+        spec,
+        node_plan,
+        checkpoint=functools.partial(resolve_checkpoint, spec, spec_path, cache_dir),
+        voices=checkpoint_voices(spec, spec_path),
+        families=families,
     )
 
 

@@ -78,27 +78,25 @@ def official(tmp_path_factory) -> dict:
 @contextmanager
 def _ours(checkpoint: Path, spec_name: str) -> Iterator[tuple]:
     """The talker of ``checkpoint`` on SGLang in this process (the tts_engine stage of
-    ``spec_name``, closed at the end: one SGLang engine at a time), its prompt builder, the
-    speech tokenizer, the greedy sampling the official runs used."""
+    ``spec_name``, loaded, closed at the end: one SGLang engine at a time), the speech
+    tokenizer, the greedy sampling the official runs used."""
     import torch
     import yaml
-    from transformers import AutoTokenizer
 
     from planner.spec import ModelSpec
     from worker.contract.sampling import Sampling
     from worker.contract.stage_context import StageContext
+    from worker.layers.generation_config import read_generation_config
     from worker.layers.module_weights import load_into
     from worker.models.qwen3_tts.codec import SpeechTokenizer, mimi_name
-    from worker.models.qwen3_tts.engine import PromptBuilder, checkpoint_sampling
-    from worker.models.qwen3_tts.talker_sglang import SGLangTalkerEngine
-    from worker.stages.generation_config import read_generation_config
+    from worker.models.qwen3_tts.talker import TalkerExecutor, checkpoint_sampling
 
     path = ref.REPO / "configs" / "models" / f"{spec_name}.yaml"
     spec = ModelSpec.model_validate(yaml.safe_load(path.read_text()))
     stage = spec.stages["tts_engine"]
-    engine = SGLangTalkerEngine(StageContext("tts_engine", spec, stage, checkpoint, "cpu", 8))
+    talker = TalkerExecutor(StageContext("tts_engine", spec, stage, checkpoint, "cpu", 8))
     try:
-        builder = PromptBuilder(engine.tts, AutoTokenizer.from_pretrained(checkpoint))
+        talker.load()
         cfg = json.loads((checkpoint / "speech_tokenizer" / "config.json").read_text())
         st = SpeechTokenizer(cfg, with_encoder=True)
         load_into(st.decoder, checkpoint / "speech_tokenizer", prefix="decoder.")
@@ -107,14 +105,14 @@ def _ours(checkpoint: Path, spec_name: str) -> Iterator[tuple]:
         greedy = checkpoint_sampling(read_generation_config(checkpoint)).with_request(
             Sampling(temperature=0)
         )
-        yield torch, engine, builder, st, greedy
+        yield torch, talker, st, greedy
     finally:
-        engine.close()
+        talker.close()
 
 
 @pytest.mark.parametrize("name", CV)
 def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dict) -> None:
-    from worker.models.qwen3_tts.talker_sglang import generate
+    from worker.models.qwen3_tts.talker import generate
 
     res = official["results"][name]
     batch = [
@@ -127,8 +125,8 @@ def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dic
         }
         for r in CV_REQUESTS
     ]
-    with _ours(official["checkpoints"][name], "tiny-qwen3-tts") as (_, engine, builder, st, greedy):
-        codes = generate(engine, builder, batch, MAX_NEW, greedy)
+    with _ours(official["checkpoints"][name], "tiny-qwen3-tts") as (_, talker, st, greedy):
+        codes = generate(talker, batch, MAX_NEW, greedy)
         for i, c in enumerate(codes):
             assert c.shape[0] == MAX_NEW - 1
             np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
@@ -138,7 +136,7 @@ def test_custom_voice_codes_and_waveform_equal_official(name: str, official: dic
 
 def test_voice_design_codes_and_waveform_equal_official(official: dict) -> None:
     """VoiceDesign (generate_voice_design): no speaker, the voice described by the instruct."""
-    from worker.models.qwen3_tts.talker_sglang import generate
+    from worker.models.qwen3_tts.talker import generate
 
     res = official["results"][VD]
     batch = [
@@ -151,8 +149,8 @@ def test_voice_design_codes_and_waveform_equal_official(official: dict) -> None:
         for r in VD_REQUESTS
     ]
     spec = "tiny-qwen3-tts-voice-design"
-    with _ours(official["checkpoints"][VD], spec) as (_, engine, builder, st, greedy):
-        codes = generate(engine, builder, batch, MAX_NEW, greedy)
+    with _ours(official["checkpoints"][VD], spec) as (_, talker, st, greedy):
+        codes = generate(talker, batch, MAX_NEW, greedy)
         for i, c in enumerate(codes):
             np.testing.assert_array_equal(c.numpy(), res[f"{i}.codes"], err_msg=f"request {i}")
             wav = st.decode(c).numpy()
@@ -201,14 +199,14 @@ def test_voice_design_through_a_router_equals_official(official: dict, redis_url
 
 @pytest.mark.parametrize("name", BASE)
 def test_voice_clone_codes_and_waveform_equal_official(name: str, official: dict) -> None:
-    from worker.models.qwen3_tts.engine import speaker_embedding
-    from worker.models.qwen3_tts.talker_sglang import generate
+    from worker.models.qwen3_tts.prompt import speaker_embedding
+    from worker.models.qwen3_tts.talker import generate
 
     res = official["results"][name]
     checkpoint = official["checkpoints"][name]
-    with _ours(checkpoint, "tiny-qwen3-tts-base") as (torch, engine, builder, st, greedy):
+    with _ours(checkpoint, "tiny-qwen3-tts-base") as (torch, talker, st, greedy):
         wav_ref = torch.from_numpy(official["stored"])
-        spk = speaker_embedding(engine.tts, wav_ref)
+        spk = speaker_embedding(talker.model, wav_ref)
         ref_codes = st.encode(wav_ref)
         for i, r in enumerate(CLONE_REQUESTS):
             np.testing.assert_allclose(spk.numpy(), res[f"{i}.spk"], atol=1e-5)
@@ -223,7 +221,7 @@ def test_voice_clone_codes_and_waveform_equal_official(name: str, official: dict
                 "ref_codes": ref_codes if icl else None,
                 "non_streaming": r.get("non_streaming_mode", False),
             }
-            (codes,) = generate(engine, builder, [kw], MAX_NEW, greedy)
+            (codes,) = generate(talker, [kw], MAX_NEW, greedy)
             np.testing.assert_array_equal(codes.numpy(), res[f"{i}.codes"], err_msg=f"req {i}")
             full = torch.cat([ref_codes, codes]) if icl else codes
             wav = st.decode(full)

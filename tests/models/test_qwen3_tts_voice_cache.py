@@ -82,7 +82,7 @@ def test_cache_is_bounded_least_recently_used_first() -> None:
 def test_the_checkpoints_max_new_tokens_bounds_the_specs() -> None:
     """The talker stops at the checkpoint's generation_config ``max_new_tokens`` where it is
     below the spec's (it used the spec's 1536 over a checkpoint's 400)."""
-    from worker.models.qwen3_tts.stages import frame_budget
+    from worker.models.qwen3_tts.talker import frame_budget
 
     assert frame_budget(1536, {"max_new_tokens": 400}) == 400
     assert frame_budget(64, {"max_new_tokens": 400}) == 64

@@ -7,7 +7,7 @@ reference after the first few seconds (the decoders' attention sees hundreds of 
 
 The executors run in this process on the embedded tiny checkpoints (the stage code of the
 shipped specs) with 100-frame blocks (``block_frames``), so that a reply crosses two; each
-layer keeps its state between steps (``worker.stages.vocoder``), so a frame is decoded once
+layer keeps its state between steps (``worker.layers.streamed_vocoder``), so a frame is decoded once
 (plus each block's 25 context frames). Equal means to float rounding: sums over other lengths
 round a sample by one int16 step now and then."""
 
@@ -23,12 +23,13 @@ import yaml
 
 from planner.spec import ModelSpec
 from worker.contract.stage_context import StageContext
+from worker.layers import streamed_vocoder
+from worker.layers.streamed_vocoder import Schedule
 from worker.models.checkpoint import resolve_checkpoint
 from worker.models.registry import make_executor
-from worker.stages import vocoder
 from worker.stages.base import DONE, OUT, RequestMeta
 from worker.stages.payloads import CodeFrames
-from worker.stages.vocoder import Schedule, Stream
+from worker.stages.vocoder import Stream
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 100
@@ -219,7 +220,7 @@ def test_each_layer_decodes_each_frame_once(
     ex = executor(spec, stage, cache)
     seen: dict[int, int] = {}  # layer -> input samples it took (new ones: its state aside)
 
-    for op in (vocoder._CausalConv, vocoder._TransConv):
+    for op in (streamed_vocoder._CausalConv, streamed_vocoder._TransConv):
         call = op.__call__
 
         def counted(self, x, state, slot, call=call):

@@ -43,7 +43,7 @@ def start(
     stages["preprocessing"].start(rid, meta, {REQUEST_INPUT: request})
     ((kind, _, payload),) = stages["preprocessing"].step()
     assert kind == FINAL, payload
-    payload["max_new"] = frames
+    payload.max_new = frames
     stages["tts_engine"].start(rid, meta, {"preprocessing": payload})
     if vocoder:
         stages["vocoder"].start(rid, meta, {})

@@ -1,6 +1,6 @@
 """A request's sampling settings (``Sampling``: what the API takes, SGLang's sampler honours),
 and the project's own sampler, which picks the talkers' codes in their models
-(``worker.stages.talker_sampling``): greedy, or sampled with the OpenAI and vLLM/SGLang fields,
+(``worker.layers.talker_sampling``): greedy, or sampled with the OpenAI and vLLM/SGLang fields,
 in the order transformers' ``generate`` applies them.
 
 0. ``logit_bias`` (OpenAI's): added to the logits of the tokens it names;

@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fleet.records import ProcessMemory
 from planner.plan import NodePlan, ProcessPlan
@@ -43,7 +42,7 @@ from worker.contract.pipeline import (
     WordTimings,
     outputs_of,
 )
-from worker.models.voices import checkpoint_voices
+from worker.models.voices import CheckpointVoices
 from worker.runtime import transport
 from worker.runtime.dispatch import Edge, EdgeTraffic
 from worker.runtime.graph import Route, route
@@ -108,18 +107,21 @@ class Coordinator:
     def __init__(
         self,
         spec: ModelSpec,
-        spec_path: Path,
         node_plan: NodePlan,
-        cache_dir: Path,
+        checkpoint: Callable[[ProgressCallback], Path],
+        voices: CheckpointVoices,
         families: tuple[str, ...] = (),
     ) -> None:
-        """``families``: the packages of model families from outside ``worker/models/`` that
-        the worker added (``registry.add``), for each stage process to add too."""
+        """``checkpoint``: what gives the directory the stages load from (building the seeded
+        one where the spec asks for it, reporting progress), run in a thread at start;
+        ``voices``: what the checkpoint says of its voices (both the daemon's, from
+        ``worker.models``: the coordinator reads no model file); ``families``: the packages of
+        model families from outside ``worker/models/`` that the worker added
+        (``registry.add``), for each stage process to add too."""
         self.spec = spec
         self.families = families
-        self.spec_path = Path(spec_path)
         self.node_plan = node_plan
-        self.cache_dir = Path(cache_dir)
+        self._prepare_checkpoint = checkpoint
         self._spec_json = spec.model_dump_json()
         self._routes: dict[frozenset[str], Route] = {}
         self._limits: dict[frozenset[str], dict[str, int]] = {}
@@ -134,7 +136,7 @@ class Coordinator:
         self._fatal: str | None = None
         self._changed: asyncio.Event = None  # type: ignore[assignment]  # made in start()
         self._restarts: set[asyncio.Task] = set()
-        self._voices = checkpoint_voices(spec, self.spec_path)
+        self._voices = voices
         cpu_procs = sum(1 for p in node_plan.processes if p.device == "cpu") or 1
         self.shm_prefix = f"omni{os.getpid()}x{next(_ENGINE_IDS)}"
         # request_id -> [(monotonic time, stage, what)]: what each stage sent and was sent, for
@@ -155,9 +157,7 @@ class Coordinator:
         def progress_from_thread(msg: str) -> None:
             loop.call_soon_threadsafe(progress, msg)
 
-        self._checkpoint = await asyncio.to_thread(
-            _resolve_checkpoint, self.spec, self.spec_path, self.cache_dir, progress_from_thread
-        )
+        self._checkpoint = await asyncio.to_thread(self._prepare_checkpoint, progress_from_thread)
         by_replica: dict[int, dict[str, ProcessPlan]] = {}
         for pp in self.node_plan.processes:
             by_replica.setdefault(pp.replica, {})[pp.group] = pp
@@ -626,9 +626,3 @@ class Coordinator:
                 self._progress(f"process group {group} is ready again")
                 return
             await asyncio.sleep(RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)])
-
-
-def _resolve_checkpoint(spec: ModelSpec, spec_path: Path, cache_dir: Path, progress: Any) -> Path:
-    from worker.models.checkpoint import resolve_checkpoint
-
-    return resolve_checkpoint(spec, spec_path, cache_dir, log=progress)

@@ -17,6 +17,7 @@ from typing import Any
 
 from worker.contract.sampling import Sampling
 from worker.engines.base import EngineEvent, EngineRequest
+from worker.layers.generation_config import sampling_defaults, stop_tokens
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -28,7 +29,6 @@ from worker.stages.base import (
     check_prompt,
     reply_budget,
 )
-from worker.stages.generation_config import sampling_defaults, stop_tokens
 from worker.stages.payloads import TokenPiece
 
 

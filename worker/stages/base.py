@@ -34,6 +34,7 @@ from worker.stages.messages import (
 )
 
 In = TypeVar("In")
+T = TypeVar("T")
 
 __all__ = [
     "CHUNK",
@@ -49,7 +50,18 @@ __all__ = [
     "RequestMeta",
     "RequestPreprocessor",
     "StageExecutor",
+    "input_of",
 ]
+
+
+def input_of(inputs: dict[str, Any], kind: type[T]) -> T:
+    """The one input of ``start`` that is a ``kind``, whichever stage sent it (the spec names
+    the stages; a stage knows its inputs by their type)."""
+    found = [v for v in inputs.values() if isinstance(v, kind)]
+    if len(found) != 1:
+        got = {k: type(v).__name__ for k, v in inputs.items()}
+        raise TypeError(f"expected one {kind.__name__} among the inputs, got {got}")
+    return found[0]
 
 
 @dataclass(slots=True)
@@ -63,7 +75,7 @@ class RequestMeta:
     stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)
     logprobs: int | None = None  # None: none; N: each token's, with its N likeliest rivals
     grammar: Grammar | None = None  # what the reply must be (response_format); None: free
-    # how the talker picks its codes (None: as the checkpoint says; worker.stages.talker_sampling)
+    # how the talker picks its codes (None: as the checkpoint says; worker.layers.talker_sampling)
     speech_sampling: Sampling | None = None
 
 
@@ -125,7 +137,8 @@ class RequestPreprocessor(StageExecutor, Generic[In]):
         self.pending: list[tuple[str, RequestMeta, In]] = []
 
     @abstractmethod
-    def prepare(self, request: In) -> dict[str, Any]: ...
+    def prepare(self, request: In) -> Any:
+        """The request's typed payload for the stages after this one."""
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
         self.pending.append((rid, meta, inputs[REQUEST_INPUT]))

@@ -1,10 +1,10 @@
 """Qwen3-Omni's code2wav: streamed codec frames (all code groups) -> 24 kHz int16 chunks.
 
-The stream is decoded as its frames come (``worker.stages.vocoder``: each layer keeps its state
-between steps), in ``Qwen3OmniMoeCode2Wav.chunked_decode``'s blocks (``block_frames``, each
-with ``left_context_frames`` before it): the streamed waveform is transformers' decode of the
-same codes, at any length, each frame decoded once. Steps never depend on timing, so the bytes
-are the same under any load.
+The stream is decoded as its frames come (``worker.layers.streamed_vocoder``: each layer
+keeps its state between steps), in ``Qwen3OmniMoeCode2Wav.chunked_decode``'s blocks
+(``block_frames``, each with ``left_context_frames`` before it): the streamed waveform is
+transformers' decode of the same codes, at any length, each frame decoded once. Steps never
+depend on timing, so the bytes are the same under any load.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.layers.streamed_vocoder import ConvPart, StreamedDecoder
 from worker.models.qwen3_omni.common import load
-from worker.stages.vocoder import ConvPart, StreamedDecoder, VocoderExecutor
+from worker.stages.vocoder import VocoderExecutor
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ request: the audio tower encodes every clip on its own windows, so clips of seve
 share one call; the vision encoder takes each image's patches with its grid.
 
 Each clip, image and video is encoded once: its outputs are kept by the digest of its features
-or patches (``engine.encoder_cache_bytes``, ``worker.stages.tensor_cache``), so a conversation
+or patches (``engine.encoder_cache_bytes``, ``worker.layers.tensor_cache``), so a conversation
 that resends its history, a clip in an earlier turn, finds it encoded. A batch encodes only the
 items new to the cache, each once however many requests carry it.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from worker.layers.tensor_cache import TensorCache
 from worker.models.qwen3_omni.common import load
 from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
-from worker.stages.tensor_cache import TensorCache
 
 
 class _Encoder(StageExecutor):

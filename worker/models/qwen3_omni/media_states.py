@@ -8,7 +8,7 @@ run's end (token ids, with each media run's content hash in place of its placeho
 radix cache keys it): a later prompt that starts the same way finds them. Talker-bound prompts
 with media share a prefix namespace of their own, so a match only reaches prompts whose runs
 were kept; one that finds a run missing (evicted, or its request cancelled before its prompt
-was done) is computed again whole. The states are kept in a ``worker.stages.tensor_cache``
+was done) is computed again whole. The states are kept in a ``worker.layers.tensor_cache``
 (``engine.media_state_bytes``).
 """
 

@@ -10,7 +10,7 @@ next text token (``tts_eos`` after the last one, ``tts_pad`` from then on), so a
 only the next two of the thinker's tokens, not the whole reply: audio starts while the thinker
 is still writing. The talker predicts a frame's first code; its code predictor the others,
 inside the talker's step (in the model class). Each is picked as ``generate`` picks it: the
-control codes suppressed, then the request's talker sampling (``worker.stages.talker_sampling``):
+control codes suppressed, then the request's talker sampling (``worker.layers.talker_sampling``):
 by default the checkpoint's ``talker_*`` generation settings (``generate``'s own defaults:
 sampled at temperature 0.9, top-k 50, repetition penalty 1.05 on the first codes) and, for the
 code predictor, its config's ``do_sample`` (greedy on the released checkpoints).
@@ -29,7 +29,9 @@ import numpy as np
 
 from worker.contract.sampling import SamplerState, Sampling
 from worker.engines.base import EngineRequest
+from worker.layers.generation_config import read_generation_config
 from worker.layers.stage_weights import LoadReport
+from worker.layers.talker_sampling import TalkerSampling, sampled
 from worker.models.qwen3_omni.common import on_device
 from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
 from worker.models.qwen3_omni.talker_sglang import register, sglang_model_dir
@@ -43,9 +45,7 @@ from worker.stages.base import (
     StageExecutor,
     check_prompt,
 )
-from worker.stages.generation_config import read_generation_config
 from worker.stages.payloads import CodeFrames
-from worker.stages.talker_sampling import TalkerSampling, sampled
 
 DEFAULT_SPEAKER = "ethan"
 

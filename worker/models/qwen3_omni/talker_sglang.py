@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from worker.engines.sglang.talkers import handed_over, prompt_rows, row_ends
-from worker.stages.talker_sampling import pick_codes, predictor_choice
+from worker.layers.talker_sampling import pick_codes, predictor_choice
 
 ARCHITECTURE = "Qwen3OmniTalkerForSGLang"
 # the checkpoint's tensors that SGLang's Qwen3-MoE decoder takes, and its names for them

@@ -27,6 +27,8 @@ from typing import Any
 
 from worker.contract.sampling import Sampling
 from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace
+from worker.layers.generation_config import sampling_defaults, stop_tokens
+from worker.layers.tensor_cache import TensorCache
 from worker.models.qwen3_omni.media_states import MediaRun, media_runs
 from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
 from worker.stages.base import (
@@ -40,8 +42,6 @@ from worker.stages.base import (
     check_prompt,
     reply_budget,
 )
-from worker.stages.generation_config import sampling_defaults, stop_tokens
-from worker.stages.tensor_cache import TensorCache
 
 
 @dataclass(slots=True)

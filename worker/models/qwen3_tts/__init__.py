@@ -2,9 +2,11 @@
 omni-fleet. (``tts_model_type`` in config.json: CustomVoice speaks built-in speakers, VoiceDesign
 the voice its instructions describe, Base clones uploaded voices.)
 
-``modeling`` holds the talker, its code predictor and the speaker encoder; ``codec`` the 12 Hz
-speech tokenizer (decoder; Mimi encoder for reference codes); ``engine`` the prompt and the
-code picks; ``talker_sglang`` the talker on SGLang; the stage executors live in ``stages``.
+Its three stages: ``preprocess`` (CPU: the request checked, a cloned voice's reference audio
+made ready) -> ``talker`` (the talker on SGLang: ``talker_sglang`` its model class, ``prompt``
+its prompts) => ``vocoder`` (the speech tokenizer's decoder, streamed). ``modeling`` holds the
+talker, its code predictor and the speaker encoder; ``codec`` the 12 Hz speech tokenizer
+(decoder; Mimi encoder for reference codes); ``payloads`` what preprocessing hands the talker.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ def make_executor(ctx: StageContext) -> StageExecutor:
     kind = ctx.stage.executor
     cls: type[StageExecutor]
     if kind == Executor.PREPROCESS:
-        from worker.models.qwen3_tts.stages import TTSPreprocess as cls
+        from worker.models.qwen3_tts.preprocess import TTSPreprocess as cls
     elif kind == Executor.AUTOREGRESSIVE:
-        from worker.models.qwen3_tts.stages import TTSEngineExecutor as cls
+        from worker.models.qwen3_tts.talker import TalkerExecutor as cls
     elif kind == Executor.VOCODER:
-        from worker.models.qwen3_tts.stages import TTSVocoderExecutor as cls
+        from worker.models.qwen3_tts.vocoder import TTSVocoderExecutor as cls
     else:
         raise ValueError(
             f"stage {ctx.name}: Qwen3-TTS has no stage for executor {kind}; its stages are "

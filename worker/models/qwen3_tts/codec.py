@@ -275,8 +275,9 @@ class SpeechDecoder(nn.Module):
         return h.clamp(-1, 1)
 
     def streamed(self) -> tuple[_StreamFront, list[nn.Module]]:
-        """What ``worker.stages.vocoder`` streams: the frame-rate part (codebooks, the causal
-        pre-convolution, the transformer) and the convolutional layers after it, in order."""
+        """What ``worker.layers.streamed_vocoder`` streams: the frame-rate part (codebooks,
+        the causal pre-convolution, the transformer) and the convolutional layers after it,
+        in order."""
         return _StreamFront(self), [*self.upsample, *self.decoder]
 
     def chunked(
@@ -300,7 +301,7 @@ class _StreamFront:
     and values (``PreTransformer.step``)."""
 
     def __init__(self, decoder: SpeechDecoder) -> None:
-        from worker.stages.vocoder import ConvPart
+        from worker.layers.streamed_vocoder import ConvPart
 
         self.decoder = decoder
         self.pre_conv = ConvPart([decoder.pre_conv])

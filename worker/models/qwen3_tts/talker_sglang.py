@@ -13,8 +13,8 @@ registered with the model by request id (``states``); a forward finds its rows' 
 - a decode step's input is the frame of the code just picked: the code predictor's 15 passes
   run inside the step (from the request's last talker output and that code, each pass picked by
   the request's sub-talker sampling), then the frame's code embeddings plus the text the
-  request reads at that frame go through the decoder (``engine.next_inputs``);
-- the next first code is picked in the model too (``engine.FirstCodes``: the official masks,
+  request reads at that frame go through the decoder (``next_inputs``);
+- the next first code is picked in the model too (``FirstCodes``: the official masks,
   the request's own sampler and generator), and handed to SGLang's sampler as the only finite
   logit: greedy there, it takes the pick.
 
@@ -28,31 +28,22 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from worker.contract.stage_context import StageContext
-from worker.engines.sglang.talkers import (
-    handed_over,
-    held_tensors,
-    prompt_rows,
-    row_ends,
-    talker_engine,
-)
-from worker.layers.stage_weights import LoadReport
-from worker.models.qwen3_tts.engine import (
-    GREEDY,
-    FirstCodes,
-    Prompt,
-    PromptBuilder,
-    TalkerRequest,
-    next_inputs,
-    read_config,
+from worker.contract.sampling import SamplerState
+from worker.engines.sglang.talkers import handed_over, prompt_rows, row_ends
+from worker.layers.talker_sampling import (
+    TalkerSampling,
+    pick_codes,
+    predictor_choice,
+    sampled,
 )
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel
-from worker.stages.talker_sampling import TalkerSampling
+from worker.models.qwen3_tts.prompt import Prompt, read_config
 
 ARCHITECTURE = "Qwen3TTSTalkerForSGLang"
 # the checkpoint's tensors that SGLang's Qwen3 decoder takes, and its names for them
@@ -174,108 +165,89 @@ def register() -> None:
     ModelRegistry.models[ARCHITECTURE] = Qwen3TTSTalkerForSGLang
 
 
-class SGLangTalkerEngine:
-    """The talker's engine on SGLang: ``prefill`` submits a request (SGLang prefills those of
-    a step together), ``step`` runs the prefills then one decode step of the given requests,
-    the others held."""
+GREEDY = TalkerSampling(sampled(0.0, None, None, 1.05), sampled(0.0, None, None))
 
-    def __init__(self, ctx: StageContext) -> None:
-        from worker.engines import sglang as vendor
 
-        vendor.load()
-        register()
-        self.engine, self.model_dir = talker_engine(ctx, sglang_model_dir)
-        self.model: Any = self.engine.model
-        ctx.extra["loaded"] = LoadReport(*held_tensors(self.model), ())  # (gpu_check)
-        self.eos = self.model.codes.eos
-        self.pad = int(self.model.config.tts["talker_config"]["codec_pad_id"])
-        self.device = self.model.lm_head.weight.device
-        self.waiting: list[TalkerRequest] = []  # submitted, not prefilled yet
+@dataclass
+class TalkerRequest:
+    rid: str
+    prompt: Prompt
+    max_new_tokens: int
+    sampling: TalkerSampling = GREEDY
+    hidden: torch.Tensor | None = None  # (1, 1, H): last talker output
+    token: int | None = None  # the first code waiting for its frame
+    generated: list[int] = field(default_factory=list)  # first codes so far
+    frames: int = 0
+    done: bool = False
+    first: SamplerState | None = None  # how its first codes are picked (set by prefill)
+    rest: SamplerState | None = None  # how the code predictor's are
+    frame: torch.Tensor | None = None  # the frame a step produced
 
-    @property
-    def tts(self) -> Qwen3TTSModel:
-        """The talker's parts beside the decoder (prompts are built with them)."""
-        return self.model.tts
+    def samplers(self) -> tuple[SamplerState, SamplerState]:
+        """How its first codes and its code predictor's are picked (set by the prefill)."""
+        if self.first is None or self.rest is None:
+            raise RuntimeError(f"talker request {self.rid} picked before its prefill")
+        return self.first, self.rest
 
-    def prefill(self, req: TalkerRequest) -> None:
-        from worker.contract.sampling import Sampling
-        from worker.engines.base import EngineRequest
+    def last_hidden(self) -> torch.Tensor:
+        """The talker's output at its last position (1, 1, H), which its prefill left."""
+        if self.hidden is None:
+            raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
+        return self.hidden
 
-        req.first, req.rest = req.sampling.states(torch, self.device)
-        self.model.states[req.rid] = req
-        n = int(req.prompt.embeds.shape[1])
-        self.engine.submit(
-            EngineRequest(
-                req.rid,
-                [self.pad] * n,
-                max_new_tokens=req.max_new_tokens,
-                sampling=Sampling(temperature=0.0),  # (it takes the model's pick)
-                stop_token_ids=frozenset({self.eos}),
-            )
-        )
-        self.waiting.append(req)
 
-    def step(self, reqs: list[TalkerRequest]) -> list[tuple[TalkerRequest, torch.Tensor]]:
-        # the new prompts first, every running request held: those steps can only prefill
-        new = {r.rid for r in self.waiting}
-        self.engine.held = {rid for rid in self.model.states if rid not in new}
-        while self.waiting:
-            if not self.engine.has_work():
-                raise RuntimeError("the talker's prompts were not prefilled")
-            self._finish(self.engine.step())
-            self.waiting = [r for r in self.waiting if not r.generated and not r.done]
-        stepping = {r.rid for r in reqs}
-        running = [r for r in reqs if not r.done]
-        if not running:
-            return []
-        self.engine.held = {rid for rid in self.model.states if rid not in stepping}
-        self._finish(self.engine.step())
-        out = []
-        for r in running:
-            if r.frame is None:
-                raise RuntimeError(f"talker request {r.rid} was not stepped")
-            out.append((r, r.frame))
-            r.frame = None
-        return out
+class FirstCodes:
+    """How a frame's first code is picked, as the official generate does: the codes above the
+    codebook suppressed but end-of-speech, which waits for two frames (``suppress_tokens``,
+    ``min_new_tokens``), then each request's talker sampling."""
 
-    def close(self) -> None:
-        self.engine.close()
+    def __init__(self, talker_config: dict[str, Any]) -> None:
+        self.eos = talker_config["codec_eos_token_id"]
+        vocab = talker_config["vocab_size"]
+        self.suppress = torch.ones(vocab, dtype=torch.bool)
+        self.suppress[: vocab - 1024] = False
+        self.suppress[self.eos] = False
+        self.min_new_tokens = 2
+        self._on: dict[torch.device, torch.Tensor] = {}  # the mask on each device it met
 
-    def abort(self, req: TalkerRequest) -> None:
-        self.engine.abort(req.rid)
-        self.model.states.pop(req.rid, None)
-        self.waiting = [r for r in self.waiting if r.rid != req.rid]
+    def masked(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
+        """First-code logits (B, vocab), each row with the official generate's masks given
+        the codes its request generated so far (the sampler applies the rest)."""
+        suppress = self._on.get(logits.device)
+        if suppress is None:
+            suppress = self._on[logits.device] = self.suppress.to(logits.device)
+        logits = logits.float().masked_fill(suppress, float("-inf"))
+        young = [i for i, g in enumerate(generated) if len(g) < self.min_new_tokens]
+        if young:
+            logits[young, self.eos] = float("-inf")
+        return logits
 
-    def _finish(self, events: list[Any]) -> None:
-        for ev in events:
-            r = self.model.states.get(ev.rid)
-            if r is not None and ev.finish is not None:
+    def pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
+        """logits (B, vocab) -> each request's next first code, recorded in it (``token``,
+        ``generated``, ``done`` at end-of-speech or its budget)."""
+        logits = self.masked(logits, [r.generated for r in reqs])
+        codes = pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
+        for r, code in zip(reqs, codes, strict=True):
+            r.generated.append(code)
+            r.token = code
+            if code == self.eos or len(r.generated) >= r.max_new_tokens:
                 r.done = True
-                self.model.states.pop(ev.rid)
+        return codes
 
 
-def generate(
-    engine: SGLangTalkerEngine,
-    builder: PromptBuilder,
-    texts: list[dict[str, Any]],
-    max_new_tokens: int,
-    sampling: TalkerSampling = GREEDY,
-) -> list[torch.Tensor]:
-    """Whole-utterance generation for several requests at once on ``engine`` (greedy by
-    default, as the reference tests compare): each one's codes (frames, groups)."""
-    reqs = []
-    for i, kw in enumerate(texts):
-        kw = dict(kw)
-        text = kw.pop("text")
-        r = TalkerRequest(f"generate-{i}", builder.build(text, **kw), max_new_tokens, sampling)
-        engine.prefill(r)
-        reqs.append(r)
-    out: dict[str, list[torch.Tensor]] = {r.rid: [] for r in reqs}
-    while running := [r for r in reqs if not r.done]:
-        for r, frame in engine.step(running):
-            out[r.rid].append(frame)
-    groups = engine.tts.config["talker_config"]["num_code_groups"]
-    return [
-        torch.stack(out[r.rid]) if out[r.rid] else torch.zeros(0, groups, dtype=torch.long)
-        for r in reqs
-    ]
+def next_inputs(talker: Any, reqs: list[TalkerRequest], first: torch.Tensor) -> tuple[Any, Any]:
+    """The frames of the requests' waiting first codes ``first`` (B,) and the talker's next
+    inputs: the code predictor fills in each frame's other groups from the request's last
+    talker output, then the sum of the frame's code embeddings plus the text the request reads
+    at that frame (its ``trailing`` text, then the pad). -> frames (B, groups), inputs (B, 1,
+    H); each request's ``frames`` counts the frame."""
+    hidden = torch.cat([r.last_hidden() for r in reqs], dim=0)
+    choose = predictor_choice(torch, [r.samplers()[1] for r in reqs])
+    rest = talker.code_predictor.predict(hidden, talker.codec_embed(first)[:, None], choose)
+    frames = torch.cat([first[:, None], rest], dim=1)
+    adds = []
+    for r in reqs:
+        tr = r.prompt.trailing
+        adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
+        r.frames += 1
+    return frames, talker.frame_embed(frames) + torch.stack(adds, dim=0)

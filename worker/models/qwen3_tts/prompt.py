@@ -1,20 +1,8 @@
-"""Qwen3-TTS generation, what each step of the talker computes beside its decoder.
-
-A request's talker prompt is built as the model defines it (``PromptBuilder.build``): optional
+"""Qwen3-TTS's talker prompt, built as the model defines it (``PromptBuilder.build``): optional
 instruction turn, the assistant role, codec control codes (think/nothink, language, speaker),
 then the text, either all at once (non-streaming text input) or one text token per generated
-frame (streaming text input, the ``trailing`` embeddings). Each step of the talker
-(``talker_sglang``: SGLang's Qwen3 decoder over its paged KV pool) advances every running
-request by one frame: the code predictor fills in the frame of the first code picked last
-(``next_inputs``, each pass picked by the request's sub-talker sampling,
-``worker.stages.talker_sampling``), the frame's embeddings go through the decoder, and the next
-first code is picked from the codec head (``FirstCodes``: codes above the codebook suppressed
-except end-of-speech, end-of-speech forbidden for the first two frames, then the request's
-talker sampling: the checkpoint's ``generation_config.json`` unless the request says
-otherwise).
-
-Limits follow the official generate: ``max_new_tokens`` counts generated first codes, the
-frame of the last one is never produced, so at most ``max_new_tokens - 1`` frames come out.
+frame (streaming text input, the ``trailing`` embeddings, which ``extend`` grows as a streamed
+text arrives); and a cloned voice's speaker embedding (``speaker_embedding``).
 """
 
 from __future__ import annotations
@@ -27,15 +15,8 @@ from typing import Any
 
 import torch
 
-from worker.contract.sampling import SamplerState
 from worker.models.qwen3_tts import follows_instructions
 from worker.models.qwen3_tts.modeling import Qwen3TTSModel, speaker_mel
-from worker.stages.talker_sampling import (
-    TalkerSampling,
-    pick_codes,
-    predictor_choice,
-    sampled,
-)
 
 log = logging.getLogger(__name__)
 
@@ -265,113 +246,6 @@ class PromptBuilder:
             text_in_embeds=in_embeds,
             trailing_text=trailing_text,
         )
-
-
-def checkpoint_sampling(generation_config: dict[str, Any]) -> TalkerSampling:
-    """How the checkpoint's talkers sample (``generation_config.json``), with the official
-    ``generate``'s defaults for what it does not say."""
-    g = generation_config
-
-    def settings(sample: str, prefix: str, penalty: float | None) -> Any:
-        return sampled(
-            float(g.get(f"{prefix}temperature", 0.9)) if g.get(sample, True) else 0.0,
-            int(g.get(f"{prefix}top_k", 50)),
-            float(g.get(f"{prefix}top_p", 1.0)),
-            penalty,
-        )
-
-    return TalkerSampling(
-        settings("do_sample", "", float(g.get("repetition_penalty", 1.05))),
-        settings("subtalker_dosample", "subtalker_", None),
-    )
-
-
-GREEDY = TalkerSampling(sampled(0.0, None, None, 1.05), sampled(0.0, None, None))
-
-
-@dataclass
-class TalkerRequest:
-    rid: str
-    prompt: Prompt
-    max_new_tokens: int
-    sampling: TalkerSampling = GREEDY
-    hidden: torch.Tensor | None = None  # (1, 1, H): last talker output
-    token: int | None = None  # the first code waiting for its frame
-    generated: list[int] = field(default_factory=list)  # first codes so far
-    frames: int = 0
-    done: bool = False
-    first: SamplerState | None = None  # how its first codes are picked (set by prefill)
-    rest: SamplerState | None = None  # how the code predictor's are
-    frame: torch.Tensor | None = None  # the frame a step produced
-
-    def samplers(self) -> tuple[SamplerState, SamplerState]:
-        """How its first codes and its code predictor's are picked (set by the prefill)."""
-        if self.first is None or self.rest is None:
-            raise RuntimeError(f"talker request {self.rid} picked before its prefill")
-        return self.first, self.rest
-
-    def last_hidden(self) -> torch.Tensor:
-        """The talker's output at its last position (1, 1, H), which its prefill left."""
-        if self.hidden is None:
-            raise RuntimeError(f"talker request {self.rid} stepped before its prefill")
-        return self.hidden
-
-
-class FirstCodes:
-    """How a frame's first code is picked, as the official generate does: the codes above the
-    codebook suppressed but end-of-speech, which waits for two frames (``suppress_tokens``,
-    ``min_new_tokens``), then each request's talker sampling."""
-
-    def __init__(self, talker_config: dict[str, Any]) -> None:
-        self.eos = talker_config["codec_eos_token_id"]
-        vocab = talker_config["vocab_size"]
-        self.suppress = torch.ones(vocab, dtype=torch.bool)
-        self.suppress[: vocab - 1024] = False
-        self.suppress[self.eos] = False
-        self.min_new_tokens = 2
-        self._on: dict[torch.device, torch.Tensor] = {}  # the mask on each device it met
-
-    def masked(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
-        """First-code logits (B, vocab), each row with the official generate's masks given
-        the codes its request generated so far (the sampler applies the rest)."""
-        suppress = self._on.get(logits.device)
-        if suppress is None:
-            suppress = self._on[logits.device] = self.suppress.to(logits.device)
-        logits = logits.float().masked_fill(suppress, float("-inf"))
-        young = [i for i, g in enumerate(generated) if len(g) < self.min_new_tokens]
-        if young:
-            logits[young, self.eos] = float("-inf")
-        return logits
-
-    def pick(self, logits: torch.Tensor, reqs: list[TalkerRequest]) -> list[int]:
-        """logits (B, vocab) -> each request's next first code, recorded in it (``token``,
-        ``generated``, ``done`` at end-of-speech or its budget)."""
-        logits = self.masked(logits, [r.generated for r in reqs])
-        codes = pick_codes(torch, logits, [r.samplers()[0] for r in reqs])
-        for r, code in zip(reqs, codes, strict=True):
-            r.generated.append(code)
-            r.token = code
-            if code == self.eos or len(r.generated) >= r.max_new_tokens:
-                r.done = True
-        return codes
-
-
-def next_inputs(talker: Any, reqs: list[TalkerRequest], first: torch.Tensor) -> tuple[Any, Any]:
-    """The frames of the requests' waiting first codes ``first`` (B,) and the talker's next
-    inputs: the code predictor fills in each frame's other groups from the request's last
-    talker output, then the sum of the frame's code embeddings plus the text the request reads
-    at that frame (its ``trailing`` text, then the pad). -> frames (B, groups), inputs (B, 1,
-    H); each request's ``frames`` counts the frame."""
-    hidden = torch.cat([r.last_hidden() for r in reqs], dim=0)
-    choose = predictor_choice(torch, [r.samplers()[1] for r in reqs])
-    rest = talker.code_predictor.predict(hidden, talker.codec_embed(first)[:, None], choose)
-    frames = torch.cat([first[:, None], rest], dim=1)
-    adds = []
-    for r in reqs:
-        tr = r.prompt.trailing
-        adds.append(tr[:, r.frames] if r.frames < tr.shape[1] else r.prompt.pad[:, 0])
-        r.frames += 1
-    return frames, talker.frame_embed(frames) + torch.stack(adds, dim=0)
 
 
 def speaker_embedding(model: Qwen3TTSModel, wav24k: torch.Tensor) -> torch.Tensor:
