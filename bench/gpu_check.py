@@ -433,6 +433,7 @@ def _timed_steps(ex, cuda: bool, until: Callable[[list], bool]) -> tuple[list, l
 
 
 def _encode_both(ref, run, stage: str, cuda: bool):
+    from worker.models.qwen3_omni.payloads import OmniPrompt
     from worker.stages.base import FINAL, RequestMeta
 
     rng = np.random.default_rng(0)
@@ -440,14 +441,14 @@ def _encode_both(ref, run, stage: str, cuda: bool):
         mels = ref.config.thinker_config.audio_config.num_mel_bins
         frames = 3000 if cuda else 300  # (30 s of audio)
         x = rng.standard_normal((mels, frames), dtype=np.float32)
-        payload, key = {"audio_features": x, "audio_lens": [frames]}, "audio_embeds"
+        payload, key = OmniPrompt([], audio_features=x, audio_lens=[frames]), "audio"
     else:
         cfg = ref.config.thinker_config.vision_config
         dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
         side = 2 * cfg.spatial_merge_size * (8 if cuda else 1)
         grid = np.array([[1, side, side]], dtype=np.int64)
         pixels = rng.standard_normal((int(grid.prod()), dim), dtype=np.float32)
-        payload, key = {"pixel_values": pixels, "image_grid": grid}, "image_embeds"
+        payload, key = OmniPrompt([], pixel_values=pixels, image_grid=grid), "image"
     got = {}
     times: list[float] = []
     syncs: list[int] = []
@@ -458,7 +459,7 @@ def _encode_both(ref, run, stage: str, cuda: bool):
             if ex is run and i:
                 times += t
                 syncs += s
-        got[ex is run] = next(d for k, _, d in outs if k == FINAL)[key].cpu()
+        got[ex is run] = getattr(next(d for k, _, d in outs if k == FINAL), key).cpu()
     return got[True], got[False], times, syncs
 
 
@@ -667,6 +668,8 @@ def _sglang_one(model: str, dry: bool) -> int:
 
 
 def _thinker_at(thinker, concurrency: int, meta_cls) -> tuple[float, float]:
+    from worker.models.qwen3_omni.payloads import OmniPrompt
+
     cfg = json.loads((thinker.ctx.checkpoint / "config.json").read_text())
     meta = meta_cls("chat", frozenset({"text"}), max_tokens=32)
     t0 = time.perf_counter()
@@ -674,7 +677,7 @@ def _thinker_at(thinker, concurrency: int, meta_cls) -> tuple[float, float]:
         text = [10 + (k * 7 + i) % 90 for k in range(200)]
         ids = [cfg["im_start_token_id"], cfg["user_token_id"], *text, cfg["im_end_token_id"],
                cfg["im_start_token_id"], cfg["assistant_token_id"]]  # fmt: skip
-        thinker.start(f"c{i}", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        thinker.start(f"c{i}", meta, {"preprocessing": OmniPrompt(ids)})
     first: dict[str, float] = {}
     left, tokens = concurrency, 0
     while left:

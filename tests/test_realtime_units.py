@@ -1,5 +1,5 @@
 """/v1/realtime's own logic, fast: server VAD on speech-like audio, and, in-process over real
-WebSockets against the test-only FakeEngine (tests/worker_fakes.py), a failing stage and the
+WebSockets against the test-only FakePipeline (tests/worker_fakes.py), a failing stage and the
 session length limit. The real model's sessions are tests/test_realtime_worker.py."""
 
 from __future__ import annotations
@@ -135,10 +135,10 @@ async def test_g711_in_and_out(fake_worker: Running) -> None:
         await conn.input_audio_buffer.commit()
         await conn.response.create()
         reply = await read_response(conn)
-    request = fake_worker.engine.seen[-1]
+    request = fake_worker.pipeline.seen[-1]
     clip = request.messages[-1]["content"][0]["audio"]  # at the encoder's 16 kHz
     assert len(clip) == pytest.approx(8000, abs=2)
-    # the fake engine answers in 0.1 s chunks of 24 kHz: 800 bytes of A-law each
+    # the fake pipeline answers in 0.1 s chunks of 24 kHz: 800 bytes of A-law each
     assert len(reply.audio) == 3 * 800
 
 

@@ -382,10 +382,14 @@ def test_plain_checkpoint_text_pipeline_matches_hf_generate(plain_lm: Path, plai
         assert texts[rid] == tok.decode(ref, skip_special_tokens=True)
 
 
-def test_aggregate_merges_inputs() -> None:
+def test_aggregate_gathers_inputs_found_by_type() -> None:
+    """An aggregate passes its inputs on together (in its sources' name order, an earlier
+    aggregate's flattened); a stage after it finds each by its type, whatever the stage that
+    sent it is named, and one that is missing or doubled is an error naming what came."""
     from worker.contract.stage_context import StageContext
     from worker.models.registry import make_executor
-    from worker.stages.base import FINAL, RequestMeta
+    from worker.stages.base import FINAL, RequestMeta, input_of, inputs_of
+    from worker.stages.payloads import Gathered, PromptIds, TextPiece
 
     spec = ModelSpec.model_validate(
         {
@@ -402,9 +406,17 @@ def test_aggregate_merges_inputs() -> None:
     )
     agg = make_executor(StageContext("merge", spec, spec.stages["merge"], Path("."), "cpu", 1))
     agg.load()
-    agg.start("r", RequestMeta("chat", frozenset({"text"})), {"b": {"x": 2}, "a": {"x": 1, "y": 1}})
+    ids, text, more = PromptIds([1, 2]), TextPiece("a"), TextPiece("b")
+    inputs = {"b": Gathered([text]), "c": more, "a": ids}
+    agg.start("r", RequestMeta("chat", frozenset({"text"})), inputs)
     assert agg.next_deadline() is not None and agg.queue_depth() == 1
-    assert agg.step() == [(FINAL, "r", {"x": 2, "y": 1})]  # sources merge in name order
+    ((kind, rid, gathered),) = agg.step()
+    assert (kind, rid, gathered) == (FINAL, "r", Gathered([ids, text, more]))
+    after = {"merge": gathered}
+    assert input_of(after, PromptIds) is ids
+    assert inputs_of(after, TextPiece) == [text, more]
+    with pytest.raises(TypeError, match=r"expected one TextPiece .* got \{'merge': 'Gathered'\}"):
+        input_of(after, TextPiece)
 
 
 def test_decode_streams_multibyte_text_without_broken_characters(checkpoint: Path) -> None:
@@ -509,11 +521,12 @@ def test_the_plain_stage_serves_the_sampling_surface(plain_stages) -> None:
     from worker.contract.grammar import Grammar
     from worker.contract.sampling import Sampling
     from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
+    from worker.stages.payloads import PromptIds
 
     llm = plain_stages["llm"]
 
     def run(meta: RequestMeta, ids: tuple[int, ...] = (5, 6, 7, 8)) -> list:
-        llm.start("r", meta, {"in": {"input_ids": list(ids)}})
+        llm.start("r", meta, {"in": PromptIds(list(ids))})
         outs = []
         while llm.next_deadline() is not None:
             outs += llm.step()

@@ -1,5 +1,5 @@
 """The worker's HTTP layer in-process over real HTTP on 127.0.0.1, against the test-only
-FakeEngine (tests/worker_fakes.py): request shapes, every kind of bad input, token auth,
+FakePipeline (tests/worker_fakes.py): request shapes, every kind of bad input, token auth,
 body limits, abort on disconnect. The real pipeline is covered by test_worker_e2e.py."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import openai
 import pytest
 import soundfile as sf
 import uvicorn
-from worker_fakes import FakeEngine
+from worker_fakes import FakePipeline
 
 from fleet.records import WorkerStatus
 from fleet.store import FleetStore, connect
@@ -58,7 +58,7 @@ def wav_bytes(seconds: float, rate: int = 16_000, freq: float = 440.0) -> bytes:
 class Running:
     url: str
     service: WorkerService
-    engine: FakeEngine
+    pipeline: FakePipeline
     loop: asyncio.AbstractEventLoop
 
     def call(self, fn, *args) -> None:
@@ -68,8 +68,8 @@ class Running:
 def serve_in_thread(
     settings: WorkerSettings, redis_url: str | None = None, spec: ModelSpec = SPEC
 ) -> Iterator[Running]:
-    engine = FakeEngine()
-    service = WorkerService(settings, spec, engine, "w-test")
+    pipeline = FakePipeline()
+    service = WorkerService(settings, spec, pipeline, "w-test")
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     loop = asyncio.new_event_loop()
@@ -78,7 +78,7 @@ def serve_in_thread(
     async def main() -> None:
         if redis_url:
             service.store = FleetStore(connect(redis_url), "http-test")
-        await engine.start(lambda _m: None)
+        await pipeline.start(lambda _m: None)
         service.set_status(WorkerStatus.READY)
         await server.serve(sockets=[sock])
 
@@ -89,7 +89,7 @@ def serve_in_thread(
         assert time.monotonic() < deadline, "in-process worker did not start"
         time.sleep(0.02)
     try:
-        yield Running(f"http://127.0.0.1:{port}", service, engine, loop)
+        yield Running(f"http://127.0.0.1:{port}", service, pipeline, loop)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -363,8 +363,8 @@ def test_voices_stored_in_redis(worker: Running, http: httpx.Client, redis_serve
             json={"model": "fake-omni", "input": "x", "voice": "me"},
         )
         assert r.status_code == 200, r.text
-        assert other.engine.seen[-1].voice_audio is not None
-        assert other.engine.seen[-1].voice_audio.size == 8000
+        assert other.pipeline.seen[-1].voice_audio is not None
+        assert other.pipeline.seen[-1].voice_audio.size == 8000
     assert_error(
         http.post("/v1/audio/voices", data={"name": "bad"}, files={"file": ("v.wav", b"nope")}),
         400,
@@ -387,14 +387,14 @@ def wait_for(predicate, timeout: float = 5.0) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_abort_on_disconnect(worker: Running, stream: bool) -> None:
-    worker.call(worker.engine.hold.clear)
+    worker.call(worker.pipeline.hold.clear)
     try:
         body = {
             "model": "fake-omni",
             "stream": stream,
             "messages": [{"role": "user", "content": "HOLD please"}],
         }
-        before = len(worker.engine.aborted)
+        before = len(worker.pipeline.aborted)
         sock = socket.create_connection(("127.0.0.1", int(worker.url.rsplit(":", 1)[1])))
         data = httpx.Request(
             "POST",
@@ -406,14 +406,14 @@ def test_abort_on_disconnect(worker: Running, stream: bool) -> None:
             f"{k}: {v}\r\n" for k, v in data.headers.items() if k.lower() != "host"
         )
         sock.sendall(head.encode() + b"\r\n" + data.read())
-        wait_for(lambda: worker.service.in_flight == 1 and len(worker.engine.running) == 1)
+        wait_for(lambda: worker.service.in_flight == 1 and len(worker.pipeline.running) == 1)
         sock.close()
-        wait_for(lambda: worker.service.in_flight == 0 and not worker.engine.running)
-        assert len(worker.engine.aborted) == before + 1
+        wait_for(lambda: worker.service.in_flight == 0 and not worker.pipeline.running)
+        assert len(worker.pipeline.aborted) == before + 1
         load = httpx.get(worker.url + "/load", headers={"Authorization": f"Bearer {TOKEN}"}).json()
         assert load["in_flight"] == 0 and load["queue_depth"] == {"thinker": 0}
     finally:
-        worker.call(worker.engine.hold.set)
+        worker.call(worker.pipeline.hold.set)
 
 
 @pytest.mark.parametrize(
@@ -466,7 +466,7 @@ def test_sessions_and_capacity_in_the_load_report(worker: Running, http: httpx.C
     assert load["active_sessions"] == before + 2
     assert load["ttft_ms"] is not None and load["ttft_ms"] > 0
 
-    worker.call(worker.engine.hold.clear)
+    worker.call(worker.pipeline.hold.clear)
     capacity = worker.service.settings.capacity
     worker.service.settings.capacity = 1
     held = {"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}
@@ -477,22 +477,22 @@ def test_sessions_and_capacity_in_the_load_report(worker: Running, http: httpx.C
             thread.start()
             wait_for(lambda: worker.service.in_flight == 1)
             assert_error(http.post("/v1/chat/completions", json=chat), 503, "overloaded")
-            worker.call(worker.engine.hold.set)
+            worker.call(worker.pipeline.hold.set)
             thread.join(timeout=10)
     finally:
         worker.service.settings.capacity = capacity
-        worker.call(worker.engine.hold.set)
+        worker.call(worker.pipeline.hold.set)
     assert worker.service.in_flight == 0
 
 
 def test_a_full_stage_is_refused_at_admission(worker: Running, http: httpx.Client) -> None:
-    """Beyond a stage's running + queued requests (the engine's stage_limits), admission
+    """Beyond a stage's running + queued requests (the pipeline's stage_limits), admission
     answers 503 overloaded naming the stage, before any byte of a stream; each choice of a
     chat counts, and a refused request takes no room."""
     chat = {"model": "fake-omni", "messages": [{"role": "user", "content": "x"}]}
     held = {"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}
-    worker.engine.limits = {"thinker": 2}
-    worker.call(worker.engine.hold.clear)
+    worker.pipeline.limits = {"thinker": 2}
+    worker.call(worker.pipeline.hold.clear)
     try:
         with httpx.Client(base_url=worker.url, headers=http.headers, timeout=10) as other:
             thread = threading.Thread(target=other.post, args=("/v1/chat/completions",),
@@ -506,11 +506,11 @@ def test_a_full_stage_is_refused_at_admission(worker: Running, http: httpx.Clien
             streamed = http.post("/v1/chat/completions", json={**chat, "n": 2, "stream": True})
             assert_error(streamed, 503, "overloaded")
             assert http.post("/v1/chat/completions", json=chat).status_code == 200
-            worker.call(worker.engine.hold.set)
+            worker.call(worker.pipeline.hold.set)
             thread.join(timeout=10)
     finally:
-        worker.engine.limits = {}
-        worker.call(worker.engine.hold.set)
+        worker.pipeline.limits = {}
+        worker.call(worker.pipeline.hold.set)
     assert worker.service.waiting["thinker"] == 0 and worker.service.in_flight == 0
 
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 import soundfile as sf
 from pydantic import ValidationError
-from worker_fakes import FakeEngine
+from worker_fakes import FakePipeline
 
 from fleet.errors import OmniError
 from fleet.records import WorkerRecord, WorkerStatus
@@ -124,7 +124,7 @@ async def test_registration_survives_a_redis_restart() -> None:
         pubsub = sync.pubsub(ignore_subscribe_messages=True)
         store = FleetStore(connect(server.url), "reg")
         pubsub.subscribe(store.keys.events)
-        service = WorkerService(WorkerSettings(_cli_parse_args=[]), SPEC, FakeEngine(), "r1")
+        service = WorkerService(WorkerSettings(_cli_parse_args=[]), SPEC, FakePipeline(), "r1")
         record = WorkerRecord(id="r1", url="http://127.0.0.1:1", node="n", model="fake-omni",
                               served_models=["fake-omni"])  # fmt: skip
         reg = Registrar(store, record, service, heartbeat_interval=0.1, ttl=1.0,

@@ -28,7 +28,7 @@ from worker.contract.pipeline import (
 CHUNK_SAMPLES = 2400  # 0.1 s at 24 kHz
 
 
-class FakeEngine:
+class FakePipeline:
     def __init__(self, *, step_s: float = 0.005) -> None:
         self.step_s = step_s
         self.ready = False

@@ -16,6 +16,7 @@ import yaml
 from planner.spec import ModelSpec
 from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
+from worker.models.qwen3_omni.payloads import MediaEmbeddings, OmniPrompt
 from worker.models.registry import make_executor
 from worker.stages.base import FINAL, RequestMeta
 
@@ -42,11 +43,11 @@ def encoders(tmp_path_factory: pytest.TempPathFactory):
     return out
 
 
-def encode(ex, payloads: dict[str, dict]) -> dict[str, dict]:
+def encode(ex, payloads: dict[str, OmniPrompt]) -> dict[str, MediaEmbeddings]:
     """Each request's final payload, the requests in one batch."""
     for rid, payload in payloads.items():
         ex.start(rid, META, {"preprocessing": payload})
-    got: dict[str, dict] = {}
+    got: dict[str, MediaEmbeddings] = {}
     while len(got) < len(payloads):
         time.sleep(0.003)  # (the batching window)
         got |= {rid: data for kind, rid, data in ex.step() if kind == FINAL}
@@ -58,23 +59,23 @@ def clips(mels: int, *frames: int, seed: int) -> list[np.ndarray]:
     return [rng.standard_normal((mels, n), dtype=np.float32) for n in frames]
 
 
-def audio(*parts: np.ndarray) -> dict:
-    return {"audio_features": np.concatenate(parts, axis=1),
-            "audio_lens": [p.shape[1] for p in parts]}  # fmt: skip
+def audio(*parts: np.ndarray) -> OmniPrompt:
+    features = np.concatenate(parts, axis=1)
+    return OmniPrompt([], audio_features=features, audio_lens=[p.shape[1] for p in parts])
 
 
 def test_a_clip_is_encoded_once(encoders) -> None:
     cached, fresh = encoders["audio_encoder"]
     mels = cached.config.thinker_config.audio_config.num_mel_bins
     x, y = clips(mels, 230, 170, seed=1)
-    first = encode(cached, {"a": audio(x)})["a"]["audio_embeds"]
+    first = encode(cached, {"a": audio(x)})["a"].audio
     hits, misses = cached.cache.hits, cached.cache.misses
     # the next turn resends x beside a new clip y, batched with another request carrying y
     got = encode(cached, {"b": audio(x, y), "c": audio(y)})
     assert (cached.cache.hits - hits, cached.cache.misses - misses) == (1, 1)
-    b, c = got["b"]["audio_embeds"], got["c"]["audio_embeds"]
+    b, c = got["b"].audio, got["c"].audio
     assert torch.equal(b[: len(first)], first) and torch.equal(b[len(first) :], c)
-    want = encode(fresh, {"b": audio(x, y)})["b"]["audio_embeds"]
+    want = encode(fresh, {"b": audio(x, y)})["b"].audio
     torch.testing.assert_close(b, want, rtol=1e-5, atol=1e-5)
     assert len(fresh.cache) == 0 and fresh.cache.bytes == 0  # (encoder_cache_bytes 0)
 
@@ -88,17 +89,18 @@ def test_an_image_is_encoded_once(encoders) -> None:
     rng = np.random.default_rng(2)
     images = [rng.standard_normal((int(g.prod()), dim), dtype=np.float32) for g in grids]
 
-    def payload(*which: int) -> dict:
-        return {"pixel_values": np.concatenate([images[i] for i in which]),
-                "image_grid": np.stack([grids[i] for i in which])}  # fmt: skip
+    def payload(*which: int) -> OmniPrompt:
+        pixels = np.concatenate([images[i] for i in which])
+        return OmniPrompt([], pixel_values=pixels, image_grid=np.stack([grids[i] for i in which]))
 
     first = encode(cached, {"a": payload(0)})["a"]
     hits = cached.cache.hits
     second = encode(cached, {"b": payload(0, 1)})["b"]
     assert cached.cache.hits - hits == 1
-    n = len(first["image_embeds"])
-    assert torch.equal(second["image_embeds"][:n], first["image_embeds"])
-    assert torch.equal(second["image_deepstack"][:, :n], first["image_deepstack"])
+    n = len(first.image)
+    assert torch.equal(second.image[:n], first.image)
+    assert torch.equal(second.image_deepstack[:, :n], first.image_deepstack)
     want = encode(fresh, {"b": payload(0, 1)})["b"]
-    for key in ("image_embeds", "image_deepstack"):
-        torch.testing.assert_close(second[key], want[key], rtol=1e-5, atol=1e-5)
+    for key in ("image", "image_deepstack"):
+        got, expected = getattr(second, key), getattr(want, key)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ from planner.spec import ModelSpec
 from worker.contract.sampling import Sampling
 from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
-from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
+from worker.models.qwen3_omni.payloads import OmniPrompt, TalkerPrompt, ThinkerPiece
 from worker.models.registry import make_executor
 from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
 
@@ -44,7 +44,7 @@ def _reply(talker, rid: str, words: int) -> None:
     ids = [cfg.im_start_token_id, cfg.user_token_id, *([10] * words), cfg.im_end_token_id]
     ids += [cfg.im_start_token_id, cfg.assistant_token_id, 10]
     meta = RequestMeta("chat", frozenset({"audio"}), speech_sampling=Sampling(temperature=0.0))
-    talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    talker.start(rid, meta, {"preprocessing": OmniPrompt(ids)})
     zeros = np.zeros((len(ids), talker.tc.thinker_hidden_size), np.float32)
     first = TalkerPrompt(zeros, zeros, zeros[:3])
     talker.feed(rid, "thinker", ThinkerPiece([11] * 6, embeds=zeros[:6], talker_prompt=first))

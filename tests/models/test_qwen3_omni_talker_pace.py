@@ -40,7 +40,7 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
     import numpy as np
 
     from worker.contract.sampling import Sampling
-    from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
+    from worker.models.qwen3_omni.payloads import OmniPrompt, TalkerPrompt, ThinkerPiece
     from worker.stages.base import CHUNK, END, INVALID, RequestMeta
 
     cfg, width = talker.config, talker.tc.thinker_hidden_size
@@ -57,7 +57,7 @@ def _frames(talker: Any, paced: bool) -> dict[str, Any]:
         ids = [cfg.im_start_token_id, cfg.user_token_id, *([10] * words), cfg.im_end_token_id]
         ids += [cfg.im_start_token_id, cfg.assistant_token_id, 10]
         meta = RequestMeta("chat", frozenset({"audio"}), speech_sampling=sampling)
-        talker.start(rid, meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        talker.start(rid, meta, {"preprocessing": OmniPrompt(ids)})
         rng = np.random.default_rng(n)
         prompt = rng.standard_normal((2, len(ids), width)).astype(np.float32)
         embeds = rng.standard_normal((tokens, width)).astype(np.float32)

@@ -18,6 +18,7 @@ from planner.spec import ModelSpec
 from worker.contract.sampling import Sampling
 from worker.contract.stage_context import StageContext
 from worker.models.checkpoint import resolve_checkpoint
+from worker.models.qwen3_omni.payloads import OmniPrompt
 from worker.models.registry import make_executor
 from worker.stages.base import CHUNK, DONE, INVALID, RequestMeta
 
@@ -45,10 +46,10 @@ def drain(thinker) -> list[tuple]:
     return outs
 
 
-def prompt(n: int, first: int = 10) -> dict:
+def prompt(n: int, first: int = 10) -> dict[str, OmniPrompt]:
     """``n`` text tokens counting up from ``first`` (within the tiny vocabulary's bytes)."""
     ids = [32 + (first + i) % 200 for i in range(n)]
-    return {"preprocessing": {"input_ids": ids, "audio_lens": []}}
+    return {"preprocessing": OmniPrompt(ids)}
 
 
 def test_requests_wait_for_room_in_the_kv_pool(thinker) -> None:
@@ -142,7 +143,7 @@ def test_penalties_change_the_greedy_reply_and_count_the_prompt(thinker) -> None
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         thinker.ctx.checkpoint, dtype=torch.float32
     ).thinker
-    ids = torch.tensor([prompt(8)["preprocessing"]["input_ids"]])
+    ids = torch.tensor([prompt(8)["preprocessing"].input_ids])
     reference = model.generate(ids, max_new_tokens=24, do_sample=False, repetition_penalty=1.8)
     assert penalized["repetition"] == reference[0, ids.shape[1] :].tolist()
 
@@ -157,8 +158,8 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     thinker.start("p1", meta, first)
     thinker.start("p0", meta, prompt(20, first=160))  # (unrelated)
     drain(thinker)
-    ids = [*first["preprocessing"]["input_ids"][:50], 5, 6, 7]
-    thinker.start("p2", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    ids = [*first["preprocessing"].input_ids[:50], 5, 6, 7]
+    thinker.start("p2", meta, {"preprocessing": OmniPrompt(ids)})
     outs = drain(thinker)
     head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p2")
     done = next(d for kind, rid, d in outs if kind == DONE and rid == "p2")
@@ -166,7 +167,7 @@ def test_a_repeated_prefix_is_served_from_the_cache(thinker) -> None:
     assert done["prompt_tokens"] == 53
     spoken = RequestMeta("chat", frozenset({"text", "audio"}), max_tokens=2,
                          stream_targets=("decode", "talker"))  # fmt: skip
-    thinker.start("p3", spoken, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+    thinker.start("p3", spoken, {"preprocessing": OmniPrompt(ids)})
     outs = drain(thinker)
     head = next(d for kind, rid, d in outs if kind == CHUNK and rid == "p3")
     assert head.cached_tokens == 52  # (all but the last: its logits start the reply)

@@ -1,5 +1,5 @@
 """A worker's HTTP layer in this process, served the way the daemon serves it (same app, same
-HTTP protocol class, same registration and heartbeat in Redis), on the test-only FakeEngine:
+HTTP protocol class, same registration and heartbeat in Redis), on the test-only FakePipeline:
 for hostile-input tests that must watch the event loop, the heartbeat and the logs."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import uvicorn
 from fleet.records import Capabilities, WorkerRecord, WorkerStatus
 from fleet.store import FleetStore, connect
 from planner.spec import ModelSpec
-from tests.worker_fakes import FakeEngine
+from tests.worker_fakes import FakePipeline
 from worker.api.app import create_app
 from worker.api.protocol import worker_http_protocol
 from worker.daemon import _Server, bind
@@ -46,7 +46,7 @@ class InProcWorker:
     url: str
     port: int
     service: WorkerService
-    engine: FakeEngine
+    pipeline: FakePipeline
     loop: asyncio.AbstractEventLoop
     heartbeat_key: str
 
@@ -81,8 +81,8 @@ def captured_logs() -> Iterator[LogRecords]:
 
 @contextmanager
 def inproc_worker(settings: WorkerSettings, redis_url: str) -> Iterator[InProcWorker]:
-    engine = FakeEngine()
-    service = WorkerService(settings, SPEC, engine, "w-hostile")
+    pipeline = FakePipeline()
+    service = WorkerService(settings, SPEC, pipeline, "w-hostile")
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
@@ -119,7 +119,7 @@ def inproc_worker(settings: WorkerSettings, redis_url: str) -> Iterator[InProcWo
         service.store = store
         await registrar.set_status(WorkerStatus.STARTING)
         registrar.start()
-        await engine.start(lambda _m: None)
+        await pipeline.start(lambda _m: None)
         service.set_status(WorkerStatus.READY)
         await registrar.set_status(WorkerStatus.READY)
         try:
@@ -135,7 +135,7 @@ def inproc_worker(settings: WorkerSettings, redis_url: str) -> Iterator[InProcWo
         assert time.monotonic() < deadline, "in-process worker did not start"
         time.sleep(0.02)
     try:
-        yield InProcWorker(url, port, service, engine, loop, store.keys.worker(service.worker_id))
+        yield InProcWorker(url, port, service, pipeline, loop, store.keys.worker(service.worker_id))
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -3,7 +3,7 @@ audio decompression bombs, oversize prompts, voice uploads past their quotas, an
 ones (object reprs in messages, a name with a trailing newline, a client gone mid-body,
 malformed HTTP). The worker is served in this process exactly as the daemon serves it, with
 its registration and heartbeat in a real Redis, over real HTTP on loopback, on the test-only
-FakeEngine. Every input is a few MB at most."""
+FakePipeline. Every input is a few MB at most."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_decompression_bomb_is_refused_from_its_header(worker: InProcWorker) -
     assert "96000 Hz x 8 channel(s)" in message
     voice = upload_voice(worker, "bomb", bomb)
     error_of(voice, 400, "audio_too_large")
-    assert worker.engine.seen == []  # nothing reached the pipeline
+    assert worker.pipeline.seen == []  # nothing reached the pipeline
 
 
 def test_a_header_without_a_length_is_refused() -> None:
@@ -225,7 +225,7 @@ def chat(w: InProcWorker, content: str, timeout: float = 30) -> httpx.Response:
 def test_an_oversize_prompt_is_refused_before_any_work(worker: InProcWorker) -> None:
     limit = 32 * 4096  # the fake spec's default context length, 32 bytes a token
     assert chat(worker, "x" * limit).status_code == 200
-    seen = len(worker.engine.seen)
+    seen = len(worker.pipeline.seen)
     for content in ("x" * (limit + 1), "é" * (limit // 2 + 1), "word " * 2_000_000):
         message = error_of(chat(worker, content), 400, "context_length_exceeded")
         assert str(limit) in message
@@ -242,7 +242,7 @@ def test_an_oversize_prompt_is_refused_before_any_work(worker: InProcWorker) -> 
         timeout=30,
     )
     error_of(speech, 400, "context_length_exceeded")
-    assert len(worker.engine.seen) == seen  # none of them reached the engine
+    assert len(worker.pipeline.seen) == seen  # none of them reached the pipeline
 
 
 def test_the_prompt_limit_is_a_setting(redis_url: str) -> None:
@@ -271,7 +271,7 @@ def test_a_voice_is_stored_as_24k_mono_pcm16(worker: InProcWorker, redis_url: st
         timeout=30,
     )
     assert speech.status_code == 200, speech.text
-    reference = worker.engine.seen[-1].voice_audio
+    reference = worker.pipeline.seen[-1].voice_audio
     expected = tone(VOICE_SECONDS, 16_000)
     assert reference.dtype == np.float32 and reference.size == expected.size
     assert np.abs(reference[100:-100] - expected[100:-100]).max() < 0.01
@@ -471,17 +471,17 @@ def test_idle_and_trickled_heads_time_out(redis_url: str) -> None:
 
         # a request that takes longer than head_timeout once its head is in is not cut
         async def clear_hold() -> None:
-            w.engine.hold.clear()
+            w.pipeline.hold.clear()
 
         asyncio.run_coroutine_threadsafe(clear_hold(), w.loop).result(timeout=5)
         try:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 held = pool.submit(chat, w, "HOLD this")
                 time.sleep(1.5)
-                w.loop.call_soon_threadsafe(w.engine.hold.set)
+                w.loop.call_soon_threadsafe(w.pipeline.hold.set)
                 assert held.result().status_code == 200
         finally:
-            w.loop.call_soon_threadsafe(w.engine.hold.set)
+            w.loop.call_soon_threadsafe(w.pipeline.hold.set)
 
 
 def test_a_late_pipelined_head_never_lands_inside_a_response(redis_url: str) -> None:
@@ -490,7 +490,7 @@ def test_a_late_pipelined_head_never_lands_inside_a_response(redis_url: str) -> 
     with inproc_worker(settings(head_timeout=1.0), redis_url) as w:
 
         async def clear_hold() -> None:
-            w.engine.hold.clear()
+            w.pipeline.hold.clear()
 
         asyncio.run_coroutine_threadsafe(clear_hold(), w.loop).result(timeout=5)
         body = b'{"model": "fake-omni", "messages": [{"role": "user", "content": "HOLD"}]}'
@@ -505,7 +505,7 @@ def test_a_late_pipelined_head_never_lands_inside_a_response(redis_url: str) -> 
                 )
                 time.sleep(2.5)  # past two head timeouts, the chat still held
             finally:
-                w.loop.call_soon_threadsafe(w.engine.hold.set)
+                w.loop.call_soon_threadsafe(w.pipeline.hold.set)
             reply = read_all(sock)
         assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
         first, _, rest = reply.partition(b"\r\n\r\n")

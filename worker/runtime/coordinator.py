@@ -333,7 +333,6 @@ class Coordinator:
                 kind=str(request.kind),
                 outputs=outputs,
                 max_tokens=request.max_tokens,
-                voice=request.voice,
                 stream_targets=rt.stream_targets[s],
                 sampling=request.sampling,
                 speech_sampling=request.speech_sampling,

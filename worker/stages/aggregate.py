@@ -1,21 +1,25 @@
-"""Aggregate (fan-in, no weights): merges the final payloads of several stages into one."""
+"""Aggregate (fan-in, no weights): the final payloads of several stages passed on together, as one
+``Gathered`` (a stage after it finds each by its type)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from worker.stages.base import FINAL, Output, RequestMeta, StageExecutor
+from worker.stages.payloads import Gathered
 
 
 class AggregateExecutor(StageExecutor):
     def load(self) -> None:
-        self.ready: list[tuple[str, dict[str, Any]]] = []
+        self.ready: list[tuple[str, Gathered]] = []
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        merged: dict[str, Any] = {}
-        for src in sorted(inputs):  # sorted: the merge does not depend on arrival order
-            merged.update(inputs[src])
-        self.ready.append((rid, merged))
+        # sorted: what it passes on does not depend on arrival order
+        parts = []
+        for src in sorted(inputs):
+            payload = inputs[src]
+            parts += payload.parts if isinstance(payload, Gathered) else [payload]
+        self.ready.append((rid, Gathered(parts)))
 
     def abort(self, rid: str) -> None:
         self.ready = [r for r in self.ready if r[0] != rid]

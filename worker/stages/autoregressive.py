@@ -27,9 +27,10 @@ from worker.stages.base import (
     RequestMeta,
     StageExecutor,
     check_prompt,
+    input_of,
     reply_budget,
 )
-from worker.stages.payloads import TokenPiece
+from worker.stages.payloads import PromptIds, TokenPiece
 
 
 @dataclass(slots=True)
@@ -61,14 +62,13 @@ class LanguageModelExecutor(StageExecutor):
 
     def warmup(self) -> None:
         meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
-        self.start("warmup", meta, {"in": {"input_ids": [0, 1, 2]}})
+        self.start("warmup", meta, {"in": PromptIds([0, 1, 2])})
         while self.reqs:
             self.step()
 
     # ---- interface -------------------------------------------------------------------------
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        (payload,) = inputs.values()
-        ids = [int(t) for t in payload["input_ids"]]
+        ids = [int(t) for t in input_of(inputs, PromptIds).input_ids]
         eng = self.ctx.stage.engine
         try:
             check_prompt(len(ids), eng.context_length, self.ctx.kv_tokens)

@@ -18,9 +18,6 @@ from typing import Any, Generic, TypeVar
 from worker.contract.grammar import Grammar
 from worker.contract.sampling import Sampling
 from worker.contract.stage_context import StageContext
-
-# The output kinds of ``step`` belong to the runtime's one message vocabulary; executors take
-# them from here, with the rest of their interface.
 from worker.stages.messages import (
     CHUNK,
     DONE,
@@ -32,6 +29,10 @@ from worker.stages.messages import (
     REQUEST_INPUT,
     Output,
 )
+
+# The output kinds of ``step`` belong to the runtime's one message vocabulary; executors take
+# them from here, with the rest of their interface.
+from worker.stages.payloads import Gathered
 
 In = TypeVar("In")
 T = TypeVar("T")
@@ -51,16 +52,29 @@ __all__ = [
     "RequestPreprocessor",
     "StageExecutor",
     "input_of",
+    "inputs_of",
 ]
 
 
+def inputs_of(inputs: dict[str, Any], kind: type[T]) -> list[T]:
+    """The inputs of ``start`` that are a ``kind``, whichever stages sent them (the spec names
+    the stages; a stage knows its inputs by their type), those an aggregate gathered included,
+    in the order of their stages' names."""
+    found: list[T] = []
+    for name in sorted(inputs):
+        value = inputs[name]
+        for part in value.parts if isinstance(value, Gathered) else [value]:
+            if isinstance(part, kind):
+                found.append(part)
+    return found
+
+
 def input_of(inputs: dict[str, Any], kind: type[T]) -> T:
-    """The one input of ``start`` that is a ``kind``, whichever stage sent it (the spec names
-    the stages; a stage knows its inputs by their type)."""
-    found = [v for v in inputs.values() if isinstance(v, kind)]
+    """The one input of ``start`` that is a ``kind`` (``inputs_of``)."""
+    found = inputs_of(inputs, kind)
     if len(found) != 1:
         got = {k: type(v).__name__ for k, v in inputs.items()}
-        raise TypeError(f"expected one {kind.__name__} among the inputs, got {got}")
+        raise TypeError(f"expected one {kind.__name__} among the stage's inputs, got {got}")
     return found[0]
 
 
@@ -69,7 +83,6 @@ class RequestMeta:
     kind: str  # RequestKind value
     outputs: frozenset[str]  # {"text"}, {"audio"}, {"text", "audio"}
     max_tokens: int | None = None
-    voice: str | None = None
     stream_targets: tuple[str, ...] = ()  # active stages this stage streams to
     sampling: Sampling | None = None  # how the text decoder picks tokens (None: greedy)
     stop: tuple[str, ...] = ()  # texts that end the reply where they appear (not sent)

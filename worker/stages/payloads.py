@@ -68,3 +68,20 @@ class SpokenAudio:
 
     pcm: Any
     rate: int
+
+
+@dataclass(slots=True)
+class PromptIds:
+    """A plain language model's prompt as token ids (its chat template applied), from its
+    preprocessing to its decoder."""
+
+    input_ids: list[int]
+
+
+@dataclass(slots=True)
+class Gathered:
+    """The final payloads of several stages, as an aggregate stage passes them on together
+    (``worker.stages.aggregate``); a stage after it finds each by its type
+    (``worker.stages.base.input_of``)."""
+
+    parts: list[Any]

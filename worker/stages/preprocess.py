@@ -10,6 +10,7 @@ from typing import Any
 from planner.spec import Executor
 from worker.contract.options import RequestInput
 from worker.stages.base import RequestPreprocessor
+from worker.stages.payloads import PromptIds
 
 
 def load_tokenizer(ctx) -> Any:
@@ -50,9 +51,9 @@ class PreprocessExecutor(RequestPreprocessor[RequestInput]):
     def warmup(self) -> None:
         self.prepare(RequestInput("chat", [{"role": "user", "content": "hi"}]))
 
-    def prepare(self, req: RequestInput) -> dict[str, Any]:
+    def prepare(self, req: RequestInput) -> PromptIds:
         if req.kind == "completion":
-            return {"input_ids": completion_ids(req, self.tokenizer)}
+            return PromptIds(completion_ids(req, self.tokenizer))
         if req.kind != "chat" or req.audio is not None:
             raise ValueError(f"model {self.ctx.spec.name} takes text chat only")
         tools = {"tools": req.tools} if req.tools else {}
@@ -62,4 +63,4 @@ class PreprocessExecutor(RequestPreprocessor[RequestInput]):
             add_generation_prompt=True,
             **tools,
         )
-        return {"input_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+        return PromptIds(self.tokenizer.encode(text, add_special_tokens=False))

@@ -19,11 +19,19 @@ import numpy as np
 
 from worker.layers.tensor_cache import TensorCache
 from worker.models.qwen3_omni.common import load
-from worker.stages.base import FINAL, BatchQueue, Output, RequestMeta, StageExecutor
+from worker.models.qwen3_omni.payloads import MediaEmbeddings, OmniPrompt
+from worker.stages.base import (
+    FINAL,
+    BatchQueue,
+    Output,
+    RequestMeta,
+    StageExecutor,
+    input_of,
+)
 
 
 class _Encoder(StageExecutor):
-    KEYS: tuple[str, ...] = ()  # the preprocessing payload entries this encoder consumes
+    KEYS: tuple[str, ...] = ()  # the prompt's media this encoder consumes (``OmniPrompt``)
 
     def load(self) -> None:
         import torch
@@ -36,13 +44,13 @@ class _Encoder(StageExecutor):
         self.cache = TensorCache(self.ctx.stage.engine.encoder_cache_bytes)
 
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        payload = inputs["preprocessing"]
-        if not any(payload.get(k) is not None for k in self.KEYS):
+        payload = input_of(inputs, OmniPrompt)
+        if not any(getattr(payload, k) is not None for k in self.KEYS):
             self.empty.append(rid)
         else:
             self.queue.put(rid, payload, weight=self._weight(payload))
 
-    def _weight(self, payload: dict[str, Any]) -> int:
+    def _weight(self, payload: OmniPrompt) -> int:
         return 1
 
     def abort(self, rid: str) -> None:
@@ -56,7 +64,7 @@ class _Encoder(StageExecutor):
         return len(self.queue) + len(self.empty)
 
     def step(self) -> list[Output]:
-        outs: list[Output] = [(FINAL, rid, {}) for rid in self.empty]
+        outs: list[Output] = [(FINAL, rid, MediaEmbeddings()) for rid in self.empty]
         self.empty = []
         deadline = self.queue.deadline()
         if deadline is not None and deadline <= _now():
@@ -65,7 +73,7 @@ class _Encoder(StageExecutor):
                 outs += self._encode(batch)
         return outs
 
-    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+    def _encode(self, batch: list[tuple[str, OmniPrompt]]) -> list[Output]:
         raise NotImplementedError
 
 
@@ -74,14 +82,13 @@ class AudioTowerExecutor(_Encoder):
 
     def warmup(self) -> None:
         mels = self.config.thinker_config.audio_config.num_mel_bins
-        self._encode(
-            [("warmup", {"audio_features": np.zeros((mels, 200), np.float32), "audio_lens": [200]})]
-        )
+        features = np.zeros((mels, 200), np.float32)
+        self._encode([("warmup", OmniPrompt([], audio_features=features, audio_lens=[200]))])
 
-    def _weight(self, payload: dict[str, Any]) -> int:
-        return len(payload["audio_lens"])
+    def _weight(self, payload: OmniPrompt) -> int:
+        return len(payload.audio_lens)
 
-    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
+    def _encode(self, batch: list[tuple[str, OmniPrompt]]) -> list[Output]:
         from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
             _get_feat_extract_output_lengths as tokens_of,
         )
@@ -92,8 +99,9 @@ class AudioTowerExecutor(_Encoder):
         found: dict[bytes, Any] = {}  # digest -> embeddings, on the device
         new: dict[bytes, np.ndarray] = {}  # digest -> features, to encode
         for _, p in batch:
-            feats, at, keys = p["audio_features"], 0, []
-            for n in p["audio_lens"]:
+            feats, at, keys = p.audio_features, 0, []
+            assert feats is not None  # (queued: it has audio)
+            for n in p.audio_lens:
                 clip = feats[:, at : at + n]
                 at += n
                 keys.append(key := _digest("audio", clip))
@@ -121,7 +129,7 @@ class AudioTowerExecutor(_Encoder):
         for (rid, _), keys in zip(batch, clips, strict=True):
             parts = [found[key] for key in keys]
             embeds = parts[0] if len(parts) == 1 else torch.cat(parts)
-            outs.append((FINAL, rid, {"audio_embeds": embeds}))
+            outs.append((FINAL, rid, MediaEmbeddings(audio=embeds)))
         return outs
 
 
@@ -136,20 +144,19 @@ class VisionExecutor(_Encoder):
         merge = cfg.spatial_merge_size
         grid = np.array([[1, 2 * merge, 2 * merge]], dtype=np.int64)
         pixels = np.zeros((int(grid.prod()), dim), np.float32)
-        self._encode([("warmup", {"pixel_values": pixels, "image_grid": grid})])
+        self._encode([("warmup", OmniPrompt([], pixel_values=pixels, image_grid=grid))])
 
-    def _weight(self, payload: dict[str, Any]) -> int:
-        return sum(
-            len(payload[g]) for g in ("image_grid", "video_grid") if payload.get(g) is not None
-        )
+    def _weight(self, payload: OmniPrompt) -> int:
+        grids = (payload.image_grid, payload.video_grid)
+        return sum(len(g) for g in grids if g is not None)
 
-    def _encode(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Output]:
-        results: dict[str, dict[str, Any]] = {rid: {} for rid, _ in batch}
+    def _encode(self, batch: list[tuple[str, OmniPrompt]]) -> list[Output]:
+        results = {rid: MediaEmbeddings() for rid, _ in batch}
         for values, grid, kind in (
             ("pixel_values", "image_grid", "image"),
             ("video_values", "video_grid", "video"),
         ):
-            items = [(rid, p) for rid, p in batch if p.get(values) is not None]
+            items = [(rid, p) for rid, p in batch if getattr(p, values) is not None]
             if items:
                 self._run(items, values, grid, kind, results)
         return [(FINAL, rid, results[rid]) for rid, _ in batch]
@@ -163,9 +170,9 @@ class VisionExecutor(_Encoder):
         new: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # digest -> (patches, grid)
         for _, p in items:
             at, keys = 0, []
-            for grid in p[grid_key]:
+            for grid in getattr(p, grid_key):
                 rows = int(grid.prod())
-                patches = p[values][at : at + rows]
+                patches = getattr(p, values)[at : at + rows]
                 at += rows
                 keys.append(key := _digest(kind, patches, grid))
                 if key not in found and key not in new:
@@ -191,8 +198,9 @@ class VisionExecutor(_Encoder):
                 self.cache.put(key, found[key])
                 at += n
         for (rid, _), keys in zip(items, keys_of, strict=True):
-            results[rid][f"{kind}_embeds"] = torch.cat([found[k][0] for k in keys])
-            results[rid][f"{kind}_deepstack"] = torch.cat([found[k][1] for k in keys], dim=1)
+            setattr(results[rid], kind, torch.cat([found[k][0] for k in keys]))
+            deepstack = torch.cat([found[k][1] for k in keys], dim=1)
+            setattr(results[rid], f"{kind}_deepstack", deepstack)
 
 
 def _digest(kind: str, values: np.ndarray, grid: np.ndarray | None = None) -> bytes:

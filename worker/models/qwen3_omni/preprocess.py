@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from worker.contract.options import RequestInput, TranscriptionOptions
+from worker.models.qwen3_omni.payloads import OmniPrompt
 from worker.models.qwen3_omni.processor import OmniProcessor, media_parts
 from worker.stages.base import RequestPreprocessor
 from worker.stages.preprocess import completion_ids
@@ -40,12 +41,12 @@ class OmniPreprocess(RequestPreprocessor[RequestInput]):
         content = [{"type": "audio", "audio": silence}, {"type": "text", "text": "hi"}]
         self.prepare(RequestInput("chat", [{"role": "user", "content": content}]))
 
-    def prepare(self, req: RequestInput) -> dict[str, Any]:
+    def prepare(self, req: RequestInput) -> OmniPrompt:
         kind = req.kind
         if kind == "completion":
             ids = completion_ids(req, self.processor.tokenizer)
             self._check_length(len(ids))
-            return {"input_ids": ids, "audio_lens": [], "voice": None}
+            return OmniPrompt(ids)
         forced: list[int] | None = None
         if kind == "speech":
             text = req.text
@@ -69,11 +70,10 @@ class OmniPreprocess(RequestPreprocessor[RequestInput]):
         for part in media_parts(messages, "audio"):
             if np.asarray(part["audio"]).size == 0:
                 raise ValueError("empty audio")
-        prepared = self.processor.prepare(messages, req.tools).payload()
-        self._check_length(len(prepared["input_ids"]))
-        prepared["voice"] = req.voice
-        if forced is not None:
-            prepared["forced_ids"] = forced
+        prepared = self.processor.prepare(messages, req.tools)
+        self._check_length(len(prepared.input_ids))
+        prepared.voice = req.voice
+        prepared.forced_ids = forced
         return prepared
 
     def _check_length(self, n: int) -> None:

@@ -9,40 +9,15 @@ output (the audio count from transformers' own ``_get_feat_extract_output_length
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from worker.models.qwen3_omni.payloads import OmniPrompt
 from worker.models.tokens import chat_text, token_id
 
 AUDIO_RATE = 16_000
-
-
-@dataclass
-class Prepared:
-    input_ids: list[int]
-    audio_features: np.ndarray | None = None  # (mel bins, frames of all clips), as the tower takes
-    audio_lens: list[int] = field(default_factory=list)  # feature frames per clip
-    pixel_values: np.ndarray | None = None  # (patches, channels x patch volume)
-    image_grid: np.ndarray | None = None  # (images, 3): t, h, w in patches
-    video_values: np.ndarray | None = None  # video patches, the same layout
-    video_grid: np.ndarray | None = None  # (videos, 3)
-    video_seconds: list[float] = field(default_factory=list)  # seconds per temporal patch
-
-    def payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"input_ids": self.input_ids, "audio_lens": self.audio_lens}
-        if self.audio_features is not None:
-            out["audio_features"] = self.audio_features
-        if self.pixel_values is not None:
-            out["pixel_values"] = self.pixel_values
-            out["image_grid"] = self.image_grid
-        if self.video_values is not None:
-            out["video_values"] = self.video_values
-            out["video_grid"] = self.video_grid
-            out["video_seconds"] = self.video_seconds
-        return out
 
 
 class OmniProcessor:
@@ -69,14 +44,16 @@ class OmniProcessor:
         options: dict[str, Any] = {"tools": tools} if tools else {}
         return chat_text(self.tokenizer, messages, add_generation_prompt=True, **options)
 
-    def prepare(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> Prepared:
+    def prepare(
+        self, messages: list[dict[str, Any]], tools: list[dict] | None = None
+    ) -> OmniPrompt:
         """Messages whose content is a string or a list of parts: ``text``, ``audio`` (float32 at
         16 kHz under ``audio``) and ``image`` (uint8 HxWx3 under ``image``); ``tools`` (OpenAI's
         function definitions) go into the prompt through the chat template."""
         clips = [p["audio"] for p in media_parts(messages, "audio")]
         pictures = [p["image"] for p in media_parts(messages, "image")]
         ids = self.tokenizer.encode(self.chat_text(messages, tools), add_special_tokens=False)
-        out = Prepared(input_ids=[])
+        out = OmniPrompt(input_ids=[])
         counts: dict[int, list[int]] = {}
         if clips:
             feats = self.features(

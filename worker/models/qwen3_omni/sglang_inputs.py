@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from worker.models.qwen3_omni.common import on_device
+from worker.models.qwen3_omni.payloads import MediaEmbeddings, OmniPrompt
 
 
-def multimodal_inputs(tc: Any, ids: list[int], p: dict[str, Any]) -> Any:
-    """SGLang's ``MultimodalInputs`` for the encoders' outputs in ``p`` (None for a text
-    prompt): one precomputed item per contiguous run of placeholders, the deepstack
+def multimodal_inputs(tc: Any, ids: list[int], p: OmniPrompt, media: MediaEmbeddings) -> Any:
+    """SGLang's ``MultimodalInputs`` for the encoders' outputs ``media`` of the prompt ``p``
+    (None for a text prompt): one precomputed item per contiguous run of placeholders, the deepstack
     features of images and video frames appended to their embeddings (as SGLang's vision
     path lays them out), and the prompt's 3-D rope positions."""
     import torch
@@ -33,7 +34,7 @@ def multimodal_inputs(tc: Any, ids: list[int], p: dict[str, Any]) -> Any:
     )
     for modality, token, what in kinds:
         where = (t == token).nonzero()[:, 0].tolist()
-        values = p.get(f"{what}_embeds")
+        values = getattr(media, what)
         if values is None:
             if where:
                 raise ValueError(f"the prompt has {what} placeholders but no {what} input")
@@ -41,7 +42,7 @@ def multimodal_inputs(tc: Any, ids: list[int], p: dict[str, Any]) -> Any:
         values = on_device(values, "cpu", torch.float32)
         if len(where) != values.shape[0]:
             raise ValueError(f"{len(where)} {what} placeholders for {values.shape[0]} embeddings")
-        deep = p.get(f"{what}_deepstack")
+        deep = getattr(media, f"{what}_deepstack", None)
         if deep is not None:  # (layers, n, hidden) -> (n, hidden * (1 + layers))
             deep = on_device(deep, "cpu", torch.float32)
             values = torch.cat([values, *deep], dim=-1)
@@ -57,8 +58,8 @@ def multimodal_inputs(tc: Any, ids: list[int], p: dict[str, Any]) -> Any:
             at += end - start + 1
     if not items:
         return None
-    grid = {k: p.get(k) for k in ("image_grid", "video_grid")}
-    lens = p.get("audio_lens") or None
+    grid = {"image_grid": p.image_grid, "video_grid": p.video_grid}
+    lens = p.audio_lens or None
     positions, delta = MRotaryEmbedding.get_rope_index_qwen3_omni(
         spatial_merge_size=tc.vision_config.spatial_merge_size,
         image_token_id=tc.image_token_id,
@@ -68,7 +69,7 @@ def multimodal_inputs(tc: Any, ids: list[int], p: dict[str, Any]) -> Any:
         input_ids=t[None],
         image_grid_thw=_tensor(grid["image_grid"]),
         video_grid_thw=_tensor(grid["video_grid"]),
-        second_per_grid_ts=torch.tensor(p["video_seconds"])
+        second_per_grid_ts=torch.tensor(p.video_seconds)
         if grid["video_grid"] is not None
         else None,
         audio_token_id=tc.audio_token_id,

@@ -33,7 +33,7 @@ from worker.layers.generation_config import read_generation_config
 from worker.layers.stage_weights import LoadReport
 from worker.layers.talker_sampling import TalkerSampling, sampled
 from worker.models.qwen3_omni.common import on_device
-from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
+from worker.models.qwen3_omni.payloads import OmniPrompt, TalkerPrompt, ThinkerPiece
 from worker.models.qwen3_omni.talker_sglang import register, sglang_model_dir
 from worker.stages.base import (
     CHUNK,
@@ -44,6 +44,7 @@ from worker.stages.base import (
     RequestMeta,
     StageExecutor,
     check_prompt,
+    input_of,
 )
 from worker.stages.payloads import CodeFrames
 
@@ -71,7 +72,7 @@ def checkpoint_sampling(config: Any, generation_config: dict[str, Any]) -> Talke
 class _Request:
     rid: str
     meta: RequestMeta
-    prompt: dict[str, Any]  # preprocessing's payload: ids, audio lengths, image grid
+    prompt: OmniPrompt  # preprocessing's: ids, audio lengths, image and video grids, voice
     speaker: int
     max_new: int
     first_picks: SamplerState  # how its first codes are picked
@@ -140,7 +141,7 @@ class TalkerExecutor(StageExecutor):
             self.config.im_end_token_id,
         ]
         ids += [self.config.im_start_token_id, self.config.assistant_token_id, 10]
-        self.start("warmup", meta, {"preprocessing": {"input_ids": ids, "audio_lens": []}})
+        self.start("warmup", meta, {"input": OmniPrompt(ids)})
         zeros = np.zeros((len(ids), th), np.float32)
         first = TalkerPrompt(zeros, zeros, zeros[:3])
         self.feed("warmup", "thinker", ThinkerPiece([1, 2], embeds=zeros[:2], talker_prompt=first))
@@ -151,9 +152,9 @@ class TalkerExecutor(StageExecutor):
 
     # ---- interface -------------------------------------------------------------------------
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        prompt = inputs["preprocessing"]
-        voice = (meta.voice or prompt.get("voice") or DEFAULT_SPEAKER).lower()
-        speakers = {k.lower(): v for k, v in (self.tc.speaker_id or {}).items()}
+        prompt = input_of(inputs, OmniPrompt)
+        voice = prompt.voice or DEFAULT_SPEAKER
+        speakers = self.tc.speaker_id or {}
         first_picks, rest_picks = self.sampling.with_request(meta.speech_sampling).states(
             self.torch, self.ctx.device
         )
@@ -237,7 +238,7 @@ class TalkerExecutor(StageExecutor):
             return False
         # within the plan's KV pool, as the thinker admits; the talker's prompt is at most the
         # thinker prompt's user turns and 9 more positions (what ``_prompt`` builds)
-        return self._fits(r, len(r.prompt["input_ids"]) + 9)
+        return self._fits(r, len(r.prompt.input_ids) + 9)
 
     def _fits(self, r: _Request, positions: int) -> bool:
         """Its prompt and every frame it may add beside what the running requests may still
@@ -262,7 +263,7 @@ class TalkerExecutor(StageExecutor):
         dev, dtype = self.ctx.device, self.codec_embed.weight.dtype
         first = r.first
         assert first is not None
-        ids = torch.tensor(r.prompt["input_ids"], device=dev)
+        ids = torch.tensor(r.prompt.input_ids, device=dev)
         n = ids.shape[0]
         embed = on_device(first.embeds, dev, dtype)
         hidden = on_device(first.hidden, dev, dtype)
@@ -310,8 +311,8 @@ class TalkerExecutor(StageExecutor):
         talker_ids = torch.cat([ids[user], torch.full((9,), cfg.tts_pad_token_id, device=dev)])[
             None
         ]
-        lens = r.prompt.get("audio_lens") or None
-        grid, video = r.prompt.get("image_grid"), r.prompt.get("video_grid")
+        lens = r.prompt.audio_lens or None
+        grid, video = r.prompt.image_grid, r.prompt.video_grid
         total = inputs.shape[1]
         # its prompt plus every frame it may add must fit its own context (the user turn's
         # positions are the thinker's, and the thinker's context may be the longer one)
@@ -328,7 +329,7 @@ class TalkerExecutor(StageExecutor):
                 video_grid_thw=torch.from_numpy(video).to(dev) if video is not None else None,
                 attention_mask=torch.ones_like(talker_ids),
                 audio_seqlens=torch.tensor(lens, device=dev) if lens else None,
-                second_per_grids=torch.tensor(r.prompt["video_seconds"], device=dev)
+                second_per_grids=torch.tensor(r.prompt.video_seconds, device=dev)
                 if video is not None
                 else None,
             )

@@ -30,7 +30,12 @@ from worker.engines.base import EngineEvent, EngineRequest, ForwardTrace
 from worker.layers.generation_config import sampling_defaults, stop_tokens
 from worker.layers.tensor_cache import TensorCache
 from worker.models.qwen3_omni.media_states import MediaRun, media_runs
-from worker.models.qwen3_omni.payloads import TalkerPrompt, ThinkerPiece
+from worker.models.qwen3_omni.payloads import (
+    MediaEmbeddings,
+    OmniPrompt,
+    TalkerPrompt,
+    ThinkerPiece,
+)
 from worker.stages.base import (
     CHUNK,
     DONE,
@@ -40,6 +45,8 @@ from worker.stages.base import (
     RequestMeta,
     StageExecutor,
     check_prompt,
+    input_of,
+    inputs_of,
     reply_budget,
 )
 
@@ -104,21 +111,20 @@ class ThinkerExecutor(StageExecutor):
 
     def warmup(self) -> None:
         meta = RequestMeta("chat", frozenset({"text"}), max_tokens=2)
-        self.start("warmup", meta, {"preprocessing": {"input_ids": [0, 1, 2], "audio_lens": []}})
+        self.start("warmup", meta, {"input": OmniPrompt([0, 1, 2])})
         while self.reqs:
             self.step()
 
     # ---- interface -------------------------------------------------------------------------
     def start(self, rid: str, meta: RequestMeta, inputs: dict[str, Any]) -> None:
-        payload: dict[str, Any] = {}
-        for src in sorted(inputs):
-            payload.update(inputs[src])
-        ids = [int(t) for t in payload["input_ids"]]
+        prompt = input_of(inputs, OmniPrompt)
+        media = MediaEmbeddings.merged(inputs_of(inputs, MediaEmbeddings))
+        ids = [int(t) for t in prompt.input_ids]
         r = _Request(
             rid,
             meta,
             prompt_len=len(ids),
-            forced=payload.get("forced_ids"),
+            forced=prompt.forced_ids,
             to_talker="talker" in meta.stream_targets,
             ids=ids,
         )
@@ -126,7 +132,7 @@ class ThinkerExecutor(StageExecutor):
         eng = self.engine_settings
         try:
             check_prompt(len(ids), eng.context_length, self.ctx.kv_tokens)
-            multimodal = self._multimodal(ids, payload)
+            multimodal = self._multimodal(ids, prompt, media)
         except ValueError as exc:
             self.reqs.pop(rid)
             self._refused.append((INVALID, rid, f"{self.ctx.name}: {exc}"))
@@ -278,11 +284,11 @@ class ThinkerExecutor(StageExecutor):
         tts = self.embed(torch.tensor(self.tts_ids, device=dev))
         return TalkerPrompt(self.embed(ids), hidden, tts)
 
-    def _multimodal(self, ids: list[int], p: dict[str, Any]) -> Any:
+    def _multimodal(self, ids: list[int], prompt: OmniPrompt, media: MediaEmbeddings) -> Any:
         """The encoders' outputs as SGLang's ``MultimodalInputs`` (None: a text prompt)."""
         from worker.models.qwen3_omni.sglang_inputs import multimodal_inputs
 
-        return multimodal_inputs(self.tc, ids, p)
+        return multimodal_inputs(self.tc, ids, prompt, media)
 
     def _again_whole(self, r: _Request) -> None:
         """Send ``r`` again in a prefix namespace of its own (under another engine id: the

@@ -71,8 +71,10 @@ class TTSPreprocess(RequestPreprocessor[RequestInput]):
             raise ValueError(f"unknown language {opts.language!r}; known: {known}")
         out = TalkerInput(text, lang, req.text_follows, opts.instructions or None)
         wav = req.voice_audio
-        spk = {k.lower() for k in (self.tc.get("spk_id") or {})}
-        voice = (req.voice or "").lower()
+        # the voice as the checkpoint names it (the API matched it against the pipeline's
+        # built-in voices and the uploaded ones: this is the check of what the checkpoint takes)
+        spk = set(self.tc.get("spk_id") or {})
+        voice = req.voice or ""
         if wav is None:
             if self.config.get("tts_model_type") == VOICE_DESIGN:
                 if voice != DESIGNED_VOICE:

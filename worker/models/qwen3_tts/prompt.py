@@ -151,12 +151,9 @@ class PromptBuilder:
         spk_vec = None
         if speaker_embedding is not None:
             spk_vec = speaker_embedding.to(dev, t.codec_head.weight.dtype).view(1, 1, -1)
-        elif speaker:
-            key = speaker.lower()
-            if key not in (tc.get("spk_id") or {}):
-                raise TTSInputError(f"unknown voice {speaker!r}; known: {self.speakers}")
-            spk_vec = codec([tc["spk_id"][key]])
-            dialect = (tc.get("spk_is_dialect") or {}).get(key)
+        elif speaker:  # (a name preprocessing checked: one of ``spk_id``)
+            spk_vec = codec([tc["spk_id"][speaker]])
+            dialect = (tc.get("spk_is_dialect") or {}).get(speaker)
             if lang in ("chinese", "auto") and dialect:
                 lang_id = langs[dialect]
         if tokens is None:
