@@ -23,7 +23,7 @@ from fleet.records import Endpoint, WorkerRecord, WorkerStatus
 from fleet.settings import redacted_url
 from fleet.store import FleetStore, connect
 from planner.plan import LaunchPlan, NodePlan
-from planner.spec import Executor, ModelSpec
+from planner.spec import Executor, ModelSpec, resolve_model_dir
 from worker import gpus as gpu_detection
 from worker.api.app import create_app
 from worker.api.protocol import worker_http_protocol
@@ -35,6 +35,7 @@ from worker.service import WorkerService, capabilities_of
 from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
+    from worker.models.family import Family
     from worker.runtime.coordinator import Coordinator
 
 log = logging.getLogger("omni-worker")
@@ -171,6 +172,16 @@ def make_pipeline(settings: WorkerSettings, planned: Planned) -> Pipeline:
     )
 
 
+def served_family(spec: ModelSpec, spec_path: Path) -> Family:
+    """The model family of the spec's checkpoint (``PLAIN``: a plain model, or not known)."""
+    from worker.models.registry import PLAIN, family_of
+
+    try:
+        return family_of(resolve_model_dir(spec, spec_path))
+    except (OSError, ValueError):
+        return PLAIN
+
+
 def coordinator_for(
     spec: ModelSpec,
     spec_path: Path,
@@ -247,7 +258,8 @@ class Daemon:
         worker_id = settings.resolved_worker_id(port)
         url = settings.resolved_url(port)
         metrics = WorkerMetrics(planned.spec.stages, planned.spec.name)
-        service = WorkerService(settings, planned.spec, self.pipeline, worker_id, metrics)
+        family = served_family(planned.spec, planned.spec_path)
+        service = WorkerService(settings, planned.spec, self.pipeline, worker_id, metrics, family)
         store: FleetStore | None = None
         registrar: Registrar | None = None
         if settings.redis_url is not None:

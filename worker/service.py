@@ -23,11 +23,11 @@ from fleet.records import (
     WorkerStatus,
 )
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
-from planner.spec import ModelSpec, resolve_model_dir
+from planner.spec import ModelSpec
 from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
 from worker.metrics import AUDIO_KINDS, WorkerMetrics
 from worker.models.family import Family
-from worker.models.registry import PLAIN, family_of
+from worker.models.registry import PLAIN
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -163,10 +163,14 @@ class WorkerService:
         pipeline: Pipeline,
         worker_id: str,
         metrics: WorkerMetrics | None = None,
+        family: Family = PLAIN,
     ) -> None:
+        """``family``: the served checkpoint's model family (``PLAIN``: a plain model, or not
+        known): what the speech and transcription endpoints speak beyond the common surface."""
         self.settings = settings
         self.spec = spec
         self.pipeline = pipeline
+        self.family = family
         self.worker_id = worker_id
         self.metrics = metrics or WorkerMetrics(spec.stages, spec.name)
         self.capabilities = capabilities_of(spec)
@@ -191,18 +195,6 @@ class WorkerService:
         """Whether the spec has a stage that times the words of synthesized speech (an aligner
         that runs for the ``words`` output)."""
         return any("words" in s.only_for_output for s in self.spec.stages.values())
-
-    @functools.cached_property
-    def family(self) -> Family:
-        """The served checkpoint's model family (``PLAIN``: a plain model, or not known): what
-        the speech and transcription endpoints speak beyond the common surface."""
-        spec_path = getattr(self.pipeline, "spec_path", None)
-        if spec_path is None:
-            return PLAIN
-        try:
-            return family_of(resolve_model_dir(self.spec, spec_path))
-        except (OSError, ValueError):
-            return PLAIN
 
     # -- admission ---------------------------------------------------------------------------
 

@@ -378,8 +378,8 @@ def test_the_thinker_is_asked_to_transcribe_or_translate_in_words(served, transl
     pre.context_length = 2048
     clip = np.zeros(16_000, dtype=np.float32)
     options = TranscriptionOptions(prompt="Names: Oslo.", translate=translate)
-    ids = pre.prepare(RequestInput("transcription", audio=clip, transcription=options))
-    text = pre.processor.tokenizer.decode(ids["input_ids"])
+    prompt = pre.prepare(RequestInput("transcription", audio=clip, transcription=options))
+    text = pre.processor.tokenizer.decode(prompt.input_ids)
     audio = text[text.index("<|audio_start|>") : text.index("<|audio_end|>") + 13]
     task = (
         "Translate the audio into English text." if translate else "Transcribe the audio into text."
