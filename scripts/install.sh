@@ -32,6 +32,8 @@ apt_install() {
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 # tests/test_dashboard.py drives Debian's headless Chromium (no browser download)
 $dev && { command -v chromium >/dev/null 2>&1 || apt_install chromium; }
+# the turn-detection tests speak with Debian's espeak-ng (tests/spoken.py)
+$dev && { command -v espeak-ng >/dev/null 2>&1 || apt_install espeak-ng; }
 # stage processes allocate with jemalloc (worker/runtime/process.py: a CPU decode step is a few
 # hundred small tensors, 13 % faster than with glibc's allocator)
 apt_install libjemalloc2

@@ -1,6 +1,6 @@
 """A voice client on the official ``openai`` SDK's realtime API, shared by the realtime fleet
-tests and bench/bench_realtime.py: speech-like input audio, paced streaming, and one
-response's events gathered (with the times the benchmark reads)."""
+tests and bench/bench_realtime.py: speech as input audio (espeak-ng's, tests/spoken.py), paced
+streaming, and one response's events gathered (with the times the benchmark reads)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 
-from bench.omnibench.prompts import speech_pcm  # noqa: F401 (the tests import it from here)
+from tests.spoken import speech_pcm  # noqa: F401 (the tests import it from here)
 
 RATE = 24_000  # the API's PCM16 rate, in and out
 CHUNK_S = 0.02  # what a microphone sends per event

@@ -14,6 +14,7 @@ import signal
 import uuid
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -254,19 +255,78 @@ def test_input_transcription_reads_its_language_and_prompt(omni_fleet: Fleet) ->
         await conn.input_audio_buffer.commit()
         async for event in conn:
             if event.type.startswith("conversation.item.input_audio_transcription."):
+                if event.type.endswith(".delta"):
+                    continue
                 assert event.type.endswith(".completed"), event
                 return event.usage.input_tokens
             assert event.type != "error", event
         raise AssertionError("the session ended before the transcription")
 
     async def run() -> None:
+        # (each in a session of its own: a session's later clips read its earlier text)
         async with connect(omni_fleet, new_session_id()) as conn:
             await opened(conn)
             plain = await transcribed(conn, {"model": MODEL})
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
             assert await transcribed(conn, {"model": MODEL, "language": "en"}) > plain
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
             assert await transcribed(conn, {"model": MODEL, "prompt": "Names: Oslo."}) > plain
 
     asyncio.run(run())
+
+
+def test_a_sessions_transcription_carries_its_earlier_text(omni_fleet: Fleet) -> None:
+    """Three segments of one session, committed one after another: each is transcribed after
+    the text of those before it (with the session's prompt first), its deltas as the decoder
+    writes them. Each segment's prompt is, token for token, what ``/v1/audio/transcriptions``
+    reads for the same audio with that text as its ``prompt``: the same input tokens."""
+    import io
+    import wave
+
+    segments = [speech_pcm(0.5 + 0.2 * i, seed=5 * i) for i in range(3)]
+
+    async def run() -> list[tuple[str, str, int]]:
+        got = []
+        async with connect(omni_fleet, new_session_id()) as conn:
+            await opened(conn)
+            session = audio_session(vad=None, max_output_tokens=4)
+            session["audio"]["input"]["transcription"] = {"model": MODEL, "prompt": "Oslo."}
+            await conn.session.update(session=session)
+            assert (await conn.recv()).type == "session.updated"
+            for pcm in segments:
+                await stream_audio(conn, pcm, paced=False)
+                await conn.input_audio_buffer.commit()
+            deltas: dict[str, str] = {}
+            async for event in conn:
+                assert event.type != "error", event
+                if event.type == "conversation.item.input_audio_transcription.delta":
+                    deltas[event.item_id] = deltas.get(event.item_id, "") + event.delta
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    tokens = event.usage.input_tokens
+                    got.append((deltas.get(event.item_id, ""), event.transcript, tokens))
+                    if len(got) == len(segments):
+                        return got
+        raise AssertionError("the session ended before its transcriptions")
+
+    got = asyncio.run(run())
+    client = openai.OpenAI(
+        base_url=omni_fleet.routers[0].url + "/v1", api_key=omni_fleet.api_key, max_retries=0
+    )
+    earlier: list[str] = []
+    for pcm, (deltas, transcript, tokens) in zip(segments, got, strict=True):
+        assert deltas == transcript
+        clip = io.BytesIO()
+        with wave.open(clip, "wb") as w:
+            w.setnchannels(1), w.setsampwidth(2), w.setframerate(24_000), w.writeframes(pcm)
+        prompt = "\n".join(p for p in ["Oslo.", " ".join(t.strip() for t in earlier)] if p)
+        rest = client.audio.transcriptions.create(
+            model=MODEL, file=("clip.wav", clip.getvalue()), prompt=prompt,
+            response_format="json",
+        )  # fmt: skip
+        assert rest.usage.input_tokens == tokens, (prompt, rest.usage, tokens)
+        earlier.append(transcript)
 
 
 def test_two_turns_second_sees_the_first(omni_fleet: Fleet) -> None:

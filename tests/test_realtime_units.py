@@ -1,22 +1,32 @@
-"""/v1/realtime's own logic, fast: server VAD on speech-like audio, and, in-process over real
+"""/v1/realtime's own logic, fast: server VAD on espeak-ng's speech, and, in-process over real
 WebSockets against the test-only FakePipeline (tests/worker_fakes.py), a failing stage and the
 session length limit. The real model's sessions are tests/test_realtime_worker.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Iterator
 
+import numpy as np
 import openai
 import pytest
 from realtime_client import add_user_text, audio_session, read_response, silence_pcm, speech_pcm
+from spoken import pcm16
 from test_worker_http import Running, serve_in_thread
 from websockets.exceptions import ConnectionClosed
 
 from planner.spec import ModelSpec
 from worker.api.realtime.config import VadConfig
 from worker.api.realtime.g711 import CODECS
-from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
+from worker.api.realtime.turns import (
+    ServerVad,
+    SileroVad,
+    SpeechStarted,
+    SpeechStopped,
+    batcher,
+    silero,
+)
 from worker.settings import WorkerSettings
 
 RATE = 24_000
@@ -36,27 +46,64 @@ SPEC = ModelSpec.model_validate(
 
 
 @pytest.mark.parametrize("silence_ms", [200, 500])
-def test_server_vad_marks_one_turn_per_utterance(silence_ms: int) -> None:
+async def test_server_vad_marks_one_turn_per_utterance(silence_ms: int) -> None:
+    """Silero VAD on real speech (espeak-ng's): each turn starts and ends within 100 ms of where
+    its speech does; a 100 ms pause inside a turn does not end it, a second of silence does."""
     vad = ServerVad(VadConfig(silence_duration_ms=silence_ms))
-    audio = silence_pcm(0.5) + speech_pcm(1.0) + silence_pcm(0.1) + speech_pcm(0.5)
-    audio += silence_pcm(1.0) + speech_pcm(0.6) + silence_pcm(1.0)
+    audio = silence_pcm(0.5) + speech_pcm(1.0) + silence_pcm(0.1) + speech_pcm(0.5, seed=3)
+    audio += silence_pcm(1.0) + speech_pcm(0.6, seed=7) + silence_pcm(1.0)
     found = []
     for at in range(0, len(audio), 960):  # 20 ms appends, as a microphone sends
-        found += vad.feed(audio[at : at + 960])
+        found += await vad.feed(audio[at : at + 960])
     kinds = [type(t) for t in found]
-    # a 100 ms pause is not the end of a turn; a second of silence is
     assert kinds == [SpeechStarted, SpeechStopped, SpeechStarted, SpeechStopped]
     first_start, first_stop, second_start, second_stop = (t.at / RATE for t in found)
     assert first_start == pytest.approx(0.5, abs=0.1)
-    assert first_stop == pytest.approx(2.1, abs=0.15)
-    assert found[1].until / RATE == pytest.approx(2.1 + silence_ms / 1000, abs=0.15)
+    assert first_stop == pytest.approx(2.1, abs=0.1)
+    assert found[1].until / RATE == pytest.approx(2.1 + silence_ms / 1000, abs=0.1)
     assert second_start == pytest.approx(3.1, abs=0.1)
-    assert second_stop == pytest.approx(3.7, abs=0.15)  # the detector holds a little
+    assert second_stop == pytest.approx(3.7, abs=0.1)
 
 
-def test_server_vad_ignores_quiet_noise() -> None:
-    vad = ServerVad(VadConfig())
-    assert vad.feed(silence_pcm(2.0)) == []
+async def test_server_vad_ignores_noise() -> None:
+    """Quiet and loud noise, hum and a click are no turn."""
+    rng = np.random.default_rng(0)
+    t = np.arange(2 * RATE) / RATE
+    noises = [
+        0.003 * rng.standard_normal(2 * RATE),
+        0.2 * rng.standard_normal(2 * RATE),
+        0.3 * np.sin(2 * np.pi * 50 * t),
+        np.where(np.arange(2 * RATE) == RATE, 0.9, 0.0),
+    ]
+    for noise in noises:
+        vad = ServerVad(VadConfig())
+        assert await vad.feed(pcm16(noise)) == []
+
+
+async def test_the_sessions_frames_are_scored_in_one_call_each_round(monkeypatch) -> None:
+    """Frames of several sessions that arrive in one turn of the loop go through the model
+    together, each session's in order, with the probabilities one session alone gets."""
+    speech = [speech_pcm(0.5, seed=i) for i in range(3)]
+    alone = []
+    for pcm in speech:
+        vad = ServerVad(VadConfig())
+        alone.append(silero().probabilities(vad.stream, vad.frames(pcm)))
+    calls = []
+    step = SileroVad.step
+
+    def counted(self, streams, frames):
+        calls.append(len(streams))
+        return step(self, streams, frames)
+
+    monkeypatch.setattr(SileroVad, "step", counted)
+    vads = [ServerVad(VadConfig()) for _ in speech]
+    shared = batcher(asyncio.get_running_loop())
+    got = await asyncio.gather(
+        *(shared.score(v.stream, v.frames(p)) for v, p in zip(vads, speech, strict=True))
+    )
+    assert calls == [3] * len(alone[0])  # (0.5 s: 15 frames of 32 ms, one call each)
+    for mine, theirs in zip(got, alone, strict=True):
+        np.testing.assert_allclose(mine, theirs, atol=1e-5)
 
 
 def test_g711_codes_decode_to_the_standard_values_and_back() -> None:
@@ -180,3 +227,34 @@ def test_function_calls_and_their_outputs_become_the_templates_tool_turns() -> N
         with pytest.raises(RealtimeError) as err:
             item_from_client(bad, 1000, 1000)
         assert err.value.param == param, (bad, err.value)
+
+
+async def test_semantic_vad_takes_eagerness_and_server_vad_refuses_it(fake_worker: Running) -> None:
+    """semantic_vad's eagerness sets its longest pause (shown in session.updated) and a turn
+    of speech ends with a committed item; eagerness under server_vad is a 400 naming it, the
+    session going on as it was."""
+    async with connect(fake_worker) as conn:
+        assert (await conn.recv()).type == "session.created"
+        vad = {"type": "semantic_vad", "eagerness": "high", "create_response": False}
+        await conn.session.update(session=audio_session(vad=vad))
+        updated = await conn.recv()
+        shown = updated.session.audio.input.turn_detection
+        assert (shown.type, shown.eagerness) == ("semantic_vad", "high")
+        await conn.session.update(
+            session=audio_session(vad={"type": "server_vad", "eagerness": "low"})
+        )
+        error = await conn.recv()
+        assert error.type == "error" and error.error.code == "invalid_request"
+        assert error.error.param == "session.audio.input.turn_detection.eagerness"
+        pcm = silence_pcm(0.5) + speech_pcm(1.5) + silence_pcm(1.5)
+        for at in range(0, len(pcm), 9600):
+            await conn.input_audio_buffer.append(
+                audio=base64.b64encode(pcm[at : at + 9600]).decode()
+            )
+        kinds = []
+        while "input_audio_buffer.committed" not in kinds:
+            kinds.append((await conn.recv()).type)
+        assert kinds[:2] == [
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+        ]

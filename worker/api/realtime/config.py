@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -14,8 +15,26 @@ from worker.contract.pipeline import AUDIO_OUTPUT_RATE
 
 PCM_RATE = AUDIO_OUTPUT_RATE  # input and output audio on the wire: PCM16 mono at 24 kHz
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
-# semantic_vad has no model here: its eagerness picks how long a pause ends a turn
-_EAGER_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+
+
+@dataclass(frozen=True)
+class Eagerness:
+    """What ``semantic_vad``'s ``eagerness`` picks (SGLang-Omni's scheme: worker/api/realtime/
+    turns.py): after a pause of ``PAUSE_MS``, Smart Turn scores whether the turn is complete;
+    at ``complete`` or more, ``complete_ms`` of silence ends it, else ``longest_ms`` does
+    (``silence_duration_ms``, when the session sets it)."""
+
+    complete: float
+    complete_ms: int
+    longest_ms: int
+
+
+EAGERNESS = {
+    "low": Eagerness(0.85, 600, 3000),
+    "medium": Eagerness(0.7, 300, 2000),
+    "auto": Eagerness(0.7, 300, 2000),
+    "high": Eagerness(0.5, 200, 1000),
+}
 
 
 class VadConfig(BaseModel):
@@ -23,13 +42,27 @@ class VadConfig(BaseModel):
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    eagerness: str | None = None  # semantic_vad's (low, medium, high, auto)
     create_response: bool = True
     interrupt_response: bool = True
 
     def patched(self, given: TurnDetectionIn) -> VadConfig:
-        changes = given.model_dump(exclude_none=True, exclude={"type", "eagerness"})
-        if given.type == "semantic_vad" and given.silence_duration_ms is None:
-            changes["silence_duration_ms"] = _EAGER_SILENCE_MS[given.eagerness or "auto"]
+        changes = given.model_dump(exclude_none=True, exclude={"type"})
+        if given.type == "semantic_vad":
+            eagerness = given.eagerness or "auto"
+            changes["eagerness"] = eagerness
+            if given.silence_duration_ms is None:
+                changes["silence_duration_ms"] = EAGERNESS[eagerness].longest_ms
+        elif given.eagerness is not None:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                "eagerness is semantic_vad's: server_vad ends a turn after silence_duration_ms",
+                "session.audio.input.turn_detection.eagerness",
+            )
+        else:
+            changes["eagerness"] = None
+            if self.type != "server_vad" and given.silence_duration_ms is None:
+                changes["silence_duration_ms"] = VadConfig().silence_duration_ms
         return self.model_copy(update={"type": given.type, **changes})
 
 
@@ -152,7 +185,7 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
 
 
 def session_view(config: SessionConfig, session_id: str, model: str, beta: bool) -> dict:
-    vad = config.turn_detection.model_dump() if config.turn_detection else None
+    vad = config.turn_detection.model_dump(exclude_none=True) if config.turn_detection else None
     limit = config.max_output_tokens or "inf"
     common = {"id": session_id, "object": "realtime.session", "model": model}
     if beta:

@@ -36,7 +36,7 @@ from worker.api.realtime.metrics import RealtimeMetrics
 from worker.api.realtime.planning import plan_response, speaks_only, tool_use
 from worker.api.realtime.response import Response, SessionClosed
 from worker.api.realtime.transcripts import Transcriber
-from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped
+from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped, smart_turn
 from worker.api.streamed_text import StreamedText
 from worker.api.voices import resolve_voice
 from worker.service import WorkerService
@@ -172,6 +172,9 @@ class RealtimeSession:
         td = self.config.turn_detection
         self.vad = ServerVad(td, self.buffer.end) if td is not None else None
         self.turn_item_id = None
+        if td is not None and td.eagerness is not None:
+            # Smart Turn loads in a few seconds: now, beside the session, not at its first pause
+            asyncio.get_running_loop().run_in_executor(None, smart_turn)
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -222,7 +225,7 @@ class RealtimeSession:
         self.buffer.append(pcm)
         if self.vad is None:
             return
-        for turn in self.vad.feed(pcm):
+        for turn in await self.vad.feed(pcm):
             if isinstance(turn, SpeechStarted):
                 await self._speech_started(turn)
             else:

@@ -1,9 +1,14 @@
 """Input audio transcription (``session.audio.input.transcription`` set): each committed user
 audio item is also transcribed by the served model (``RequestKind.TRANSCRIPTION``), beside
-the response, with the session's ``language`` hint and ``prompt`` (as
-``/v1/audio/transcriptions`` takes them), and the client gets
-``conversation.item.input_audio_transcription.completed`` (or ``.failed``); the item keeps the
-transcript, in Redis too."""
+the response, and the client gets ``conversation.item.input_audio_transcription.delta`` as the
+decoder writes, then ``.completed`` (or ``.failed``); the item keeps the transcript, in Redis
+too.
+
+A session's segments are one stream of speech: they are transcribed in the order they were
+committed, each with the session's ``language`` hint and, as its ``prompt`` (the model's own
+context: Qwen3-ASR's system turn, Qwen3-Omni's system message), the session's ``prompt``
+followed by the text of the segments before it (its last ``CONTEXT_CHARS``), so names,
+spellings and the sentence under way carry across the cuts that turn detection makes."""
 
 from __future__ import annotations
 
@@ -12,28 +17,39 @@ import contextlib
 
 from fleet.errors import OmniError
 from worker.api.errors import stage_error
-from worker.api.generation import collect
+from worker.api.generation import events
 from worker.api.realtime.conversation import new_id
 from worker.api.realtime.errors import RealtimeError
 from worker.api.realtime.response import Channel, SessionClosed
 from worker.contract.options import TranscriptionOptions
-from worker.contract.pipeline import GenerationRequest, RequestKind, StageFailed
+from worker.contract.pipeline import (
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    StageFailed,
+    TextDelta,
+)
+
+CONTEXT_CHARS = 1_000  # of the session's earlier text, what a segment is transcribed after
 
 
-def transcription_options(config: dict) -> TranscriptionOptions:
-    """The session's ``transcription`` settings as the pipeline's options (``model`` is any
-    name: the served model transcribes)."""
-    return TranscriptionOptions(
-        language=config.get("language") or None, prompt=config.get("prompt") or None
-    )
+def transcription_options(config: dict, earlier: list[str]) -> TranscriptionOptions:
+    """A segment's options from the session's ``transcription`` settings (``model`` is any
+    name: the served model transcribes) and the transcripts of the segments before it."""
+    before = " ".join(t.strip() for t in earlier if t.strip())[-CONTEXT_CHARS:]
+    prompt = "\n".join(p for p in (config.get("prompt"), before) if p)
+    return TranscriptionOptions(language=config.get("language") or None, prompt=prompt or None)
 
 
 async def transcribe(
     channel: Channel, item: dict, options: TranscriptionOptions, content_index: int = 0
-) -> None:
+) -> str | None:
+    """Transcribe ``item``, its deltas sent as they come: its transcript (None: it failed)."""
     item_id = item["id"]
     where = {"item_id": item_id, "content_index": content_index}
     service = channel.service
+    text: list[str] = []
+    finished: Finished | None = None
     try:
         try:
             ticket = service.admit(channel.session_id, RequestKind.TRANSCRIPTION)
@@ -48,7 +64,21 @@ async def transcribe(
                 transcription=options,
                 session_id=channel.session_id,
             )
-            result = await collect(service, request, ticket)
+            async with events(service, request) as stream:
+                async for event in stream:
+                    if isinstance(event, TextDelta) and event.text:
+                        ticket.text()
+                        text.append(event.text)
+                        with contextlib.suppress(SessionClosed):
+                            await channel.send(
+                                {
+                                    "type": "conversation.item.input_audio_transcription.delta",
+                                    **where,
+                                    "delta": event.text,
+                                }
+                            )
+                    elif isinstance(event, Finished):
+                        finished = event
         except StageFailed as exc:
             status, code, message, param = stage_error(exc)
             raise RealtimeError(code, message, param, status) from exc
@@ -64,11 +94,11 @@ async def transcribe(
                     "error": error,
                 }
             )
-        return
-    transcript = "".join(result.text)
+        return None
+    transcript = "".join(text)
+    service.metrics.tokens_out.inc(finished.completion_tokens if finished else 0)
     with contextlib.suppress(RealtimeError):  # the item was deleted meanwhile
         await channel.conversation.set_transcript(item_id, content_index, transcript)
-    finished = result.finished
     tokens_in = finished.prompt_tokens if finished else 0
     tokens_out = finished.completion_tokens if finished else 0
     usage = {
@@ -86,21 +116,34 @@ async def transcribe(
                 "usage": usage,
             }
         )
+    return transcript
 
 
 class Transcriber:
-    """A session's transcriptions in flight; ``stop`` cancels them (their requests abort)."""
+    """A session's transcriptions, one after another in commit order, each after the text of
+    the ones before; ``stop`` cancels those in flight (their requests abort)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.tasks: set[asyncio.Task] = set()
+        self.heard: list[str] = []  # the session's transcripts so far, in order
+        self.last: asyncio.Task | None = None
 
     def start(self, item: dict, config: dict) -> None:
-        """Transcribe ``item`` with the session's transcription ``config``, as it is now."""
-        task = asyncio.create_task(
-            transcribe(self.channel, item, transcription_options(config)),
-            name=f"transcribe-{item['id']}",
-        )
+        """Transcribe ``item`` with the session's transcription ``config``, as it is now,
+        once the segments committed before it are done."""
+        before = self.last
+
+        async def in_turn() -> None:
+            if before is not None:
+                await asyncio.wait({before})  # (its failure or cancellation is its own)
+            options = transcription_options(config, self.heard)
+            transcript = await transcribe(self.channel, item, options)
+            if transcript is not None:
+                self.heard.append(transcript)
+
+        task = asyncio.create_task(in_turn(), name=f"transcribe-{item['id']}")
+        self.last = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

@@ -1,23 +1,67 @@
-"""Server-side turn detection: WebRTC's voice activity detector (``webrtcvad-wheels``) on 30 ms
-frames, with OpenAI's knobs. ``threshold`` (0..1) picks the detector's aggressiveness (0..3):
-higher means less noise counts as speech. Speech starts after ``START_FRAMES`` voiced frames in
-a row (a click is not a turn) and stops after ``silence_duration_ms`` of unvoiced frames;
-``prefix_padding_ms`` of audio before the start joins the committed turn."""
+"""Server-side turn detection: Silero VAD (the ``silero-vad`` package's ONNX model, run by
+onnxruntime) on 32 ms frames, with OpenAI's knobs on its speech probabilities; under
+``semantic_vad``, Pipecat's Smart Turn v3 model (the ``pipecat-ai`` package's ONNX file, on
+transformers' Whisper features) on each pause.
+
+A frame is 512 samples at 16 kHz (768 of the session's 24 kHz audio), the size the model is
+trained on; as the package's own ``OnnxWrapper`` does, each frame goes in with the last 64
+samples before it, and the model's recurrent state carries from frame to frame. The decisions
+are the package's ``VADIterator``'s: speech starts on the first frame whose probability reaches
+``threshold``; it stops once the probability has stayed under ``threshold - 0.15`` for
+``silence_duration_ms`` (in between, the turn neither ends nor restarts its count);
+``prefix_padding_ms`` of audio before the start joins the committed turn.
+
+``semantic_vad`` starts turns the same way. When a pause inside a turn reaches ``PAUSE_MS``, Smart
+Turn reads the turn's last 8 s of audio (its pause included) and scores whether the speaker is
+done; the session's ``eagerness`` (``config.EAGERNESS``) says how sure it must be, how much
+silence then ends the turn, and how much ends it anyway (as SGLang-Omni's realtime server does,
+``serve/realtime/semantic_vad.py``). A mid-sentence pause waits; a finished sentence does not.
+
+The Silero model runs once for the frames of every session of a worker that arrived in one turn of
+the event loop (``FrameBatcher``): one call of batch N costs far less than N calls
+(docs/omni-worker.md, "Turn detection": measured per frame and per session).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import collections
+import functools
+import threading
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
-import webrtcvad
 
 from worker.api import audio
-from worker.api.realtime.config import PCM_RATE, VadConfig
+from worker.api.realtime.config import EAGERNESS, PCM_RATE, VadConfig
 
-FRAME_MS = 30
-VAD_RATE = 16_000  # webrtcvad takes 8, 16, 32 or 48 kHz; 24 kHz frames are resampled
-FRAME_SAMPLES = PCM_RATE * FRAME_MS // 1000  # 720 at 24 kHz -> 480 at 16 kHz, exactly
-START_FRAMES = 3
+MODEL_RATE = 16_000
+MODEL_FRAME = 512  # samples at 16 kHz: 32 ms
+CONTEXT = 64  # samples of the frame before that go in with each frame (the package's wrapper)
+FRAME_SAMPLES = PCM_RATE * MODEL_FRAME // MODEL_RATE  # 768 at 24 kHz
+FRAME_MS = 1000 * MODEL_FRAME // MODEL_RATE
+HYSTERESIS = 0.15  # below threshold - this, a frame counts as silence (VADIterator's)
+PAUSE_MS = 160  # semantic_vad: a pause this long is scored
+TURN_SECONDS = 8  # what Smart Turn reads: the turn's last 8 s (its input's length)
+
+
+def packaged(distribution: str, path: str) -> str:
+    """A file a registry package ships, found without importing the package (``silero_vad``
+    imports torch; ``pipecat`` logs on import)."""
+    found = Path(str(metadata.distribution(distribution).locate_file(path)))
+    if not found.is_file():
+        raise FileNotFoundError(f"{distribution} has no {path}")
+    return str(found)
+
+
+def _onnx(path: str):  # -> onnxruntime.InferenceSession
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(slots=True)
@@ -31,21 +75,140 @@ class SpeechStopped:
     until: int  # just past the silence that ended the turn
 
 
-def aggressiveness(threshold: float) -> int:
-    return min(3, int(threshold * 4))
+@dataclass(slots=True)
+class ModelState:
+    """One audio stream's state in the model: its recurrent state and the end of its last
+    frame."""
+
+    state: np.ndarray = field(default_factory=lambda: np.zeros((2, 1, 128), np.float32))
+    context: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT, np.float32))
+
+
+class SileroVad:
+    """The ONNX model in one onnxruntime session on one thread (a worker's realtime sessions
+    share it)."""
+
+    def __init__(self) -> None:
+        self.session = _onnx(packaged("silero-vad", "silero_vad/data/silero_vad.onnx"))
+        self._rate = np.array(MODEL_RATE, dtype=np.int64)
+
+    def step(self, streams: list[ModelState], frames: np.ndarray) -> np.ndarray:
+        """One frame (512 samples at 16 kHz) of each stream, in one call -> each one's speech
+        probability; the streams' states advance."""
+        x = np.concatenate([np.stack([s.context for s in streams]), frames], axis=1)
+        state = np.concatenate([s.state for s in streams], axis=1)
+        probs, state = self.session.run(None, {"input": x, "state": state, "sr": self._rate})
+        for i, s in enumerate(streams):
+            s.state = state[:, i : i + 1]
+            s.context = frames[i, -CONTEXT:]
+        return probs[:, 0]
+
+    def probabilities(self, stream: ModelState, frames: np.ndarray) -> np.ndarray:
+        """A stream's frames ``(n, 512)`` in order, one call each."""
+        return np.array([self.step([stream], f[None])[0] for f in frames], dtype=np.float32)
+
+
+@functools.cache
+def silero() -> SileroVad:
+    """The process's model, loaded on first use (~0.1 s)."""
+    return SileroVad()
+
+
+class FrameBatcher:
+    """The frames that the sessions of one event loop hand in during one turn of it, scored
+    together: round r takes the r-th waiting frame of every stream (a stream's frames run in
+    order: each one's state is the last one's)."""
+
+    def __init__(self, model: SileroVad) -> None:
+        self.model = model
+        self.waiting: list[tuple[ModelState, np.ndarray, asyncio.Future[np.ndarray]]] = []
+
+    async def score(self, stream: ModelState, frames: np.ndarray) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[np.ndarray] = loop.create_future()
+        if not self.waiting:
+            loop.call_soon(self._run)
+        self.waiting.append((stream, frames, done))
+        return await done
+
+    def _run(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        probs = [np.empty(len(frames), np.float32) for _, frames, _ in waiting]
+        for r in range(max(len(frames) for _, frames, _ in waiting)):
+            rows = [i for i, (_, frames, _) in enumerate(waiting) if len(frames) > r]
+            got = self.model.step(
+                [waiting[i][0] for i in rows], np.stack([waiting[i][1][r] for i in rows])
+            )
+            for i, p in zip(rows, got, strict=True):
+                probs[i][r] = p
+        for (_, _, done), p in zip(waiting, probs, strict=True):
+            if not done.done():  # (its session went away meanwhile)
+                done.set_result(p)
+
+
+@functools.cache
+def batcher(loop: asyncio.AbstractEventLoop) -> FrameBatcher:
+    """The batcher of a loop's sessions (one per worker process in service)."""
+    return FrameBatcher(silero())
+
+
+class SmartTurn:
+    """Smart Turn v3.2: the probability that a turn is complete, from its last 8 s of audio
+    (16 kHz, zeros before a shorter one), as Pipecat's ``LocalSmartTurnAnalyzerV3`` feeds it:
+    Whisper's log-mel features of 8 s (80 bins, the waveform normalised first)."""
+
+    def __init__(self) -> None:
+        from transformers import WhisperFeatureExtractor
+
+        path = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+        self.session = _onnx(packaged("pipecat-ai", path))
+        self.features = WhisperFeatureExtractor(
+            feature_size=80, sampling_rate=MODEL_RATE, chunk_length=TURN_SECONDS
+        )
+
+    def complete(self, samples: np.ndarray) -> float:
+        n = TURN_SECONDS * MODEL_RATE
+        x = np.pad(samples[-n:], (max(0, n - samples.size), 0))
+        features = self.features(
+            x, sampling_rate=MODEL_RATE, return_tensors="np", padding="max_length",
+            max_length=n, truncation=True, do_normalize=True,
+        ).input_features  # fmt: skip
+        (probability,) = self.session.run(None, {"input_features": features.astype(np.float32)})
+        return float(np.asarray(probability).reshape(-1)[0])
+
+
+_loading = threading.Lock()
+
+
+def smart_turn() -> SmartTurn:
+    """The process's model, loaded once (a semantic_vad session warms it in a thread while a
+    pause may ask for it in another: transformers' lazy imports are not safe to race)."""
+    with _loading:
+        return _smart_turn()
+
+
+@functools.cache
+def _smart_turn() -> SmartTurn:
+    return SmartTurn()
 
 
 class ServerVad:
     def __init__(self, config: VadConfig, position: int = 0) -> None:
         self.config = config
-        self.vad = webrtcvad.Vad(aggressiveness(config.threshold))
-        self.silence_frames = max(1, -(-config.silence_duration_ms // FRAME_MS))
+        self.stream = ModelState()
+        self.silence_samples = config.silence_duration_ms * PCM_RATE // 1000
         self.position = position  # absolute sample position of the next frame
         self.pending = bytearray()  # the start of a frame not complete yet
         self.speaking = False
-        self.voiced_run = 0
-        self.unvoiced_run = 0
-        self.last_voiced_end = 0
+        self.silent_since: int | None = None  # where the probability last fell below the floor
+        self.voiced_until = position  # the end of the last frame at the threshold or over
+        # semantic_vad: the turn's audio (16 kHz frames), and Smart Turn's score of its pause
+        self.eagerness = EAGERNESS[config.eagerness or "auto"] if config.eagerness else None
+        self.heard: collections.deque[np.ndarray] = collections.deque(
+            maxlen=TURN_SECONDS * MODEL_RATE // MODEL_FRAME
+        )
+        self.complete: float | None = None
+        self.scores: list[tuple[int, float]] = []  # (where, score) of every pause scored
 
     @property
     def prefix_samples(self) -> int:
@@ -54,39 +217,77 @@ class ServerVad:
     @property
     def keep_samples(self) -> int:
         """Audio before the next frame that a turn starting there may still take."""
-        return self.prefix_samples + START_FRAMES * FRAME_SAMPLES
+        return self.prefix_samples + FRAME_SAMPLES
 
     def reset(self, position: int) -> None:
         """The buffer was committed or cleared: the next audio starts a new turn."""
         self.position = position
         self.pending.clear()
+        self._end()
+
+    def _end(self) -> None:
         self.speaking = False
-        self.voiced_run = self.unvoiced_run = 0
+        self.silent_since = None
+        self.heard.clear()
+        self.complete = None
 
-    def _voiced(self, frame: bytes) -> bool:
-        samples = audio.resample(audio.from_pcm16(frame), PCM_RATE, VAD_RATE)
-        pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-        return self.vad.is_speech(pcm, VAD_RATE)
-
-    def feed(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
+    def frames(self, pcm16: bytes) -> np.ndarray:
+        """The whole frames now buffered, at the model's rate ``(n, 512)``; the rest waits."""
         self.pending += pcm16
+        n = len(self.pending) // (2 * FRAME_SAMPLES)
+        if not n:
+            return np.zeros((0, MODEL_FRAME), np.float32)
+        samples = audio.from_pcm16(bytes(self.pending[: n * 2 * FRAME_SAMPLES]))
+        del self.pending[: n * 2 * FRAME_SAMPLES]
+        per_frame = samples.reshape(n, FRAME_SAMPLES)
+        return np.stack([audio.resample(f, PCM_RATE, MODEL_RATE) for f in per_frame])
+
+    async def feed(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
+        """The turns that this audio starts and ends."""
+        frames = self.frames(pcm16)
+        if not len(frames):
+            return []
+        probs = await batcher(asyncio.get_running_loop()).score(self.stream, frames)
         found: list[SpeechStarted | SpeechStopped] = []
-        size = FRAME_SAMPLES * 2
-        while len(self.pending) >= size:
-            frame = bytes(self.pending[:size])
-            del self.pending[:size]
-            start, self.position = self.position, self.position + FRAME_SAMPLES
-            if self._voiced(frame):
-                self.voiced_run += 1
-                self.unvoiced_run = 0
-                self.last_voiced_end = self.position
-                if not self.speaking and self.voiced_run >= START_FRAMES:
-                    self.speaking = True
-                    found.append(SpeechStarted(start - (START_FRAMES - 1) * FRAME_SAMPLES))
-            else:
-                self.voiced_run = 0
-                self.unvoiced_run += 1
-                if self.speaking and self.unvoiced_run >= self.silence_frames:
-                    self.speaking = False
-                    found.append(SpeechStopped(self.last_voiced_end, self.position))
+        for frame, p in zip(frames, probs, strict=True):
+            turn = await self._frame(frame, float(p))
+            if turn is not None:
+                found.append(turn)
         return found
+
+    async def _frame(self, frame: np.ndarray, p: float) -> SpeechStarted | SpeechStopped | None:
+        start, self.position = self.position, self.position + FRAME_SAMPLES
+        threshold = self.config.threshold
+        if p >= threshold:
+            self.silent_since = self.complete = None
+            self.voiced_until = self.position
+            self.heard.append(frame)
+            if not self.speaking:
+                self.speaking = True
+                return SpeechStarted(start)
+            return None
+        if not self.speaking:
+            return None
+        self.heard.append(frame)
+        if p >= threshold - HYSTERESIS:
+            return None  # (neither speech nor silence: the count goes on where it was)
+        if self.silent_since is None:
+            self.silent_since = start
+        silence = self.position - self.silent_since
+        if self.eagerness and self.complete is None and silence >= PAUSE_MS * PCM_RATE // 1000:
+            turn = np.concatenate(self.heard)  # (its model in a thread: the loop serves others)
+            self.complete = await asyncio.to_thread(lambda: smart_turn().complete(turn))
+            self.scores.append((self.position, self.complete))
+        if silence >= self._wait():
+            stopped = SpeechStopped(self.voiced_until, self.position)
+            self._end()
+            return stopped
+        return None
+
+    def _wait(self) -> int:
+        """The silence that ends the turn now: ``silence_duration_ms``, or under semantic_vad
+        less where Smart Turn scored this pause as the end of what the speaker had to say."""
+        eager = self.eagerness
+        if eager is not None and self.complete is not None and self.complete >= eager.complete:
+            return min(self.silence_samples, eager.complete_ms * PCM_RATE // 1000)
+        return self.silence_samples
