@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.spoken import RATE, pcm16, spoken
+from tests.spoken import RATE, SENTENCES, pcm16, spoken
 from worker.api.realtime.config import VadConfig
 from worker.api.realtime.turns import (
     MODEL_FRAME,
@@ -40,20 +40,6 @@ from worker.api.realtime.turns import (
     smart_turn,
 )
 
-SENTENCES = [
-    "please book a table for two at seven tonight",
-    "what is the weather going to be like tomorrow morning",
-    "turn off the lights in the kitchen and the living room",
-    "i would like to change my flight to next tuesday",
-    "can you read me the last message from my sister",
-    "remind me to call the dentist after lunch",
-    "how long does it take to drive to the airport",
-    "play something quiet while i finish this report",
-    "the meeting moved to the small room on the third floor",
-    "send the invoice to the accounting team before friday",
-    "add milk eggs and bread to the shopping list",
-    "what time does the pharmacy close on sundays",
-]
 SILENCE_S = 1.2
 INNER_PAUSE_S = 0.3
 

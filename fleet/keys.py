@@ -62,6 +62,15 @@ class FleetKeys:
         """Hash: API key id -> bytes of voice audio it stored (the per-key quota's usage)."""
         return self.prefix + "stats:voice-bytes-by-owner"
 
+    @property
+    def consents(self) -> str:
+        """Hash: consent id -> JSON ``ConsentRecord``."""
+        return self.prefix + "voice-consents"
+
+    def consent_audio(self, consent_id: str) -> str:
+        """The recording of one voice consent (PCM16 at 24 kHz)."""
+        return f"{self.prefix}voice-consent-audio:{consent_id}"
+
     def reply_transcript(self, audio_id: str) -> str:
         """The transcript of a chat reply's audio, by its ``message.audio.id``: a later turn
         that names that id (``messages[].audio``) reads it on whichever worker it lands;

@@ -160,4 +160,19 @@ class VoiceRecord(BaseModel):
     consent: str = ""
 
 
+class ConsentRecord(BaseModel):
+    """A speaker's recorded consent to voices cloned from them (OpenAI's ``audio.voice_consent``:
+    ``POST /v1/audio/voice_consents``); a voice upload names it by ``id``. The recording is
+    stored beside it (PCM16 at 24 kHz)."""
+
+    id: str
+    name: str
+    language: str  # BCP 47, as the speaker said the consent phrase
+    created_at: float = Field(default_factory=time.time)
+    owner: str = ""  # fleet.api_keys.api_key_id of the uploader's API key; "" without keys
+    bytes: int = 0
+    seconds: float = 0.0
+    sha256: str = ""
+
+
 PCM16_24K = "pcm16le-mono-24000"  # VoiceRecord.format of voices stored in the model's form

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from fleet.keys import FleetKeys
 from fleet.records import (
+    ConsentRecord,
     EventKind,
     FleetEvent,
     LoadReport,
@@ -415,6 +416,32 @@ class FleetStore:
     async def list_voices(self) -> list[VoiceRecord]:
         raw = await self.redis.hvals(self.keys.voices)
         return sorted((VoiceRecord.model_validate_json(r) for r in raw), key=lambda v: v.name)
+
+    # -- voice consents ----------------------------------------------------------------------
+
+    async def put_consent(self, record: ConsentRecord, audio: bytes | None = None) -> None:
+        """Store a consent (with its recording), or its new record alone."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.consents, record.id, record.model_dump_json())
+            if audio is not None:
+                pipe.set(self.keys.consent_audio(record.id), audio)
+            await pipe.execute()
+
+    async def get_consent(self, consent_id: str) -> ConsentRecord | None:
+        raw = await self.redis.hget(self.keys.consents, consent_id)
+        return None if raw is None else ConsentRecord.model_validate_json(raw)
+
+    async def list_consents(self) -> list[ConsentRecord]:
+        raw = await self.redis.hvals(self.keys.consents)
+        records = (ConsentRecord.model_validate_json(r) for r in raw)
+        return sorted(records, key=lambda c: (c.created_at, c.id))
+
+    async def delete_consent(self, consent_id: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.consents, consent_id)
+            pipe.delete(self.keys.consent_audio(consent_id))
+            removed, _ = await pipe.execute()
+        return bool(removed)
 
     async def put_reply_transcript(self, audio_id: str, transcript: str, ttl_ms: int) -> None:
         await self.redis.set(self.keys.reply_transcript(audio_id), transcript, px=ttl_ms)

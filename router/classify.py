@@ -18,6 +18,8 @@ ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
     b"/v1/audio/translations": (Endpoint.TRANSLATION, False),
     b"/v1/audio/voices": (Endpoint.VOICES, False),
+    # the recordings of the speakers' consent to their cloned voices (worker.api.consents)
+    b"/v1/audio/voice_consents": (Endpoint.VOICES, False),
     b"/v1/realtime": (Endpoint.REALTIME, False),
     # text streamed into speech (a speech worker's WebSocket: worker.api.speech_stream)
     b"/v1/audio/speech/stream": (Endpoint.SPEECH, False),
@@ -83,7 +85,7 @@ def classify_plain(endpoint: Endpoint) -> Classified:
 
 def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
     route = ROUTES.get(path)
-    if route is None and path.startswith(b"/v1/audio/voices/"):
+    if route is None and path.startswith((b"/v1/audio/voices/", b"/v1/audio/voice_consents/")):
         return ROUTES[b"/v1/audio/voices"]
     return route
 

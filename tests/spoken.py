@@ -23,6 +23,22 @@ WORDS = (
     "old stone bridge near the village"
 )
 
+# what a voice assistant hears: short requests, each one breath (the turn-detection set)
+SENTENCES = [
+    "please book a table for two at seven tonight",
+    "what is the weather going to be like tomorrow morning",
+    "turn off the lights in the kitchen and the living room",
+    "i would like to change my flight to next tuesday",
+    "can you read me the last message from my sister",
+    "remind me to call the dentist after lunch",
+    "how long does it take to drive to the airport",
+    "play something quiet while i finish this report",
+    "the meeting moved to the small room on the third floor",
+    "send the invoice to the accounting team before friday",
+    "add milk eggs and bread to the shopping list",
+    "what time does the pharmacy close on sundays",
+]
+
 
 @functools.cache
 def spoken(text: str, voice: str = "en-us", speed: int = 175) -> np.ndarray:

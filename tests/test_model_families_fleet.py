@@ -241,14 +241,55 @@ def test_speech_sample_rates_telephony_formats_and_voice_objects(fleet: FamilyFl
     assert refused.json()["error"]["param"] == "word_timestamps", refused.text
 
 
+def test_voice_consents_through_the_router(fleet: FamilyFleet) -> None:
+    """OpenAI's voice consents with the SDK: created from a recording, listed page by page,
+    read, renamed, deleted; a voice names one by id, and an unknown id is a 400 naming
+    ``consent``; a bad language or a silent recording is a 400 naming its field."""
+    sdk = fleet.sdk()
+    recording = ("c.wav", tone_wav(1.0), "audio/wav")
+    made = [
+        sdk.audio.voice_consents.create(name=f"speaker-{i}", language="en-US", recording=recording)
+        for i in range(3)
+    ]
+    assert all(c.object == "audio.voice_consent" and c.id.startswith("cons_") for c in made)
+    first = sdk.audio.voice_consents.list(limit=2)
+    assert [c.id for c in first.data] == [c.id for c in made[:2]] and first.has_more
+    rest = sdk.audio.voice_consents.list(limit=2, after=made[1].id)
+    assert [c.id for c in rest.data] == [made[2].id] and not rest.has_more
+    assert sdk.audio.voice_consents.retrieve(made[0].id).language == "en-US"
+    assert sdk.audio.voice_consents.update(made[0].id, name="renamed").name == "renamed"
+    assert sdk.audio.voice_consents.retrieve(made[0].id).name == "renamed"
+    gone = sdk.audio.voice_consents.delete(made[2].id)
+    assert (gone.id, gone.deleted) == (made[2].id, True)
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.voice_consents.retrieve(made[2].id)
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.audio.voices.create(name="x", audio_sample=recording, consent="cons_missing")
+    assert err.value.param == "consent"
+    silent = io.BytesIO()
+    sf.write(silent, np.zeros(24_000, np.float32), 24_000, format="WAV")
+    for field, kw in {
+        "language": {"language": "English!", "recording": recording},
+        "recording": {"language": "en", "recording": ("s.wav", silent.getvalue(), "audio/wav")},
+    }.items():
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.voice_consents.create(name="bad", **kw)
+        assert err.value.param == field
+    for consent in made[:2]:
+        sdk.audio.voice_consents.delete(consent.id)
+
+
 def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> None:
     sdk = fleet.sdk()
+    recording = ("c.wav", tone_wav(1.0), "audio/wav")
+    consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording).id
     created = sdk.audio.voices.create(
-        name="mine", audio_sample=("v.wav", tone_wav(1.0), "audio/wav"), consent="recorded"
+        name="mine", audio_sample=("v.wav", tone_wav(1.0), "audio/wav"), consent=consent
     )
     assert created.name == "mine" and created.id == "mine" and created.type == "audio_sample"
+    assert created.object == "audio.voice" and created.created_at > 0
     listed = httpx.get(fleet.router.url + "/v1/audio/voices", timeout=30).json()["data"]
-    assert [v["name"] for v in listed] == ["mine"] and listed[0]["consent"] == "recorded"
+    assert [v["name"] for v in listed] == ["mine"] and listed[0]["consent"] == consent
     pcm = sdk.audio.speech.create(
         model="tiny-qwen3-tts-base", input="cloned", voice="mine", response_format="pcm",
         extra_body={"temperature": 0},  # (greedy: the random weights never stop early)
@@ -265,7 +306,8 @@ def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> 
             model="tiny-qwen3-tts-base", input="x", voice="mine", instructions="Whisper."
         )
     assert err.value.param == "instructions", err.value
-    sdk.audio.voices.delete("mine")
+    deleted = sdk.audio.voices.delete("mine")
+    assert (deleted.object, deleted.id, deleted.deleted) == ("audio.voice.deleted", "mine", True)
     with pytest.raises(openai.BadRequestError):
         sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="mine")
 
@@ -287,9 +329,9 @@ def test_the_router_times_first_audio_per_model(fleet: FamilyFleet) -> None:
     audio) and each worker's own are series of their model, so a mixed fleet's dashboards keep
     them apart (deploy/grafana: by model)."""
     sdk = fleet.sdk()
-    sdk.audio.voices.create(
-        name="timed", audio_sample=("v.wav", tone_wav(1.0), "audio/wav"), consent="recorded"
-    )
+    sample = ("v.wav", tone_wav(1.0), "audio/wav")
+    consent = sdk.audio.voice_consents.create(name="me", language="en", recording=sample).id
+    sdk.audio.voices.create(name="timed", audio_sample=sample, consent=consent)
     models = {"tiny-qwen3-tts": "vivian", "tiny-qwen3-tts-base": "timed"}
     before = httpx.get(fleet.router.url + "/metrics", timeout=30).text
     runs = {"tiny-qwen3-tts": 2, "tiny-qwen3-tts-base": 1}
@@ -337,6 +379,39 @@ def test_transcription_with_word_timestamps_and_streamed(fleet: FamilyFleet) -> 
     assert events[-1].type == "transcript.text.done" and events[-1].text == plain.text
     deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
     assert deltas == plain.text
+
+
+def test_transcription_takes_openais_current_fields(fleet: FamilyFleet) -> None:
+    """openai 3.x's transcription fields through the router: ``keywords`` join the model's
+    context after the ``prompt`` (the prompt grows by them: its input tokens, against the same
+    words given as ``prompt``), one of ``languages`` is the language hint (the same input as
+    ``language``) and ``languages`` is answered with what the model wrote, as codes; what the
+    model cannot do is a 400 naming the field."""
+    sdk = fleet.sdk()
+    audio = ("a.wav", tone_wav(1.0, rate=16_000, freq=330.0), "audio/wav")
+
+    def asr(**kw):
+        return sdk.audio.transcriptions.create(model="tiny-qwen3-asr", file=audio, **kw)
+
+    plain = asr(prompt="Oslo.").usage.input_tokens
+    keyed = asr(prompt="Oslo.", keywords=["fjord", "Bergen"])
+    as_prompt = asr(prompt="Oslo.\nKeywords: fjord, Bergen.")
+    assert keyed.usage.input_tokens == as_prompt.usage.input_tokens > plain
+    hinted = asr(languages=["en"])
+    assert hinted.usage.input_tokens == asr(language="English").usage.input_tokens
+    assert hinted.model_dump()["languages"] == ["en"]
+    refused = {
+        "languages": {"languages": ["en", "de"]},
+        "known_speaker_names": {"known_speaker_names": ["agent"],
+                                "known_speaker_references": ["data:audio/wav;base64,AAAA"]},
+        "include": {"include": ["logprobs"]},
+        "chunking_strategy": {"chunking_strategy": {"type": "server_vad"}},
+    }  # fmt: skip
+    for field, kw in refused.items():
+        with pytest.raises(openai.BadRequestError) as err:
+            asr(**kw)
+        assert (err.value.param or "").startswith(field), (field, err.value)
+    assert asr(chunking_strategy="auto").text == asr().text
 
 
 def test_production_specs_on_the_tiny_checkpoints_equal_the_tiny_specs(fleet: FamilyFleet) -> None:

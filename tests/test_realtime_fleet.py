@@ -278,21 +278,23 @@ def test_input_transcription_reads_its_language_and_prompt(omni_fleet: Fleet) ->
 
 
 def test_a_sessions_transcription_carries_its_earlier_text(omni_fleet: Fleet) -> None:
-    """Three segments of one session, committed one after another: each is transcribed after
-    the text of those before it (with the session's prompt first), its deltas as the decoder
-    writes them. Each segment's prompt is, token for token, what ``/v1/audio/transcriptions``
-    reads for the same audio with that text as its ``prompt``: the same input tokens."""
+    """Six segments of one session, committed one after another: each is transcribed after
+    the text of those before it (with the session's prompt first) and with the session's
+    language, its deltas as the decoder writes them. Each segment's prompt is, token for token,
+    what ``/v1/audio/transcriptions`` reads for the same audio with that language and that
+    text as its ``prompt``: the same input tokens."""
     import io
     import wave
 
-    segments = [speech_pcm(0.5 + 0.2 * i, seed=5 * i) for i in range(3)]
+    segments = [speech_pcm(0.5 + 0.2 * (i % 3), seed=5 * i) for i in range(6)]
 
     async def run() -> list[tuple[str, str, int]]:
         got = []
         async with connect(omni_fleet, new_session_id()) as conn:
             await opened(conn)
             session = audio_session(vad=None, max_output_tokens=4)
-            session["audio"]["input"]["transcription"] = {"model": MODEL, "prompt": "Oslo."}
+            transcription = {"model": MODEL, "prompt": "Oslo.", "language": "en"}
+            session["audio"]["input"]["transcription"] = transcription
             await conn.session.update(session=session)
             assert (await conn.recv()).type == "session.updated"
             for pcm in segments:
@@ -322,7 +324,7 @@ def test_a_sessions_transcription_carries_its_earlier_text(omni_fleet: Fleet) ->
             w.setnchannels(1), w.setsampwidth(2), w.setframerate(24_000), w.writeframes(pcm)
         prompt = "\n".join(p for p in ["Oslo.", " ".join(t.strip() for t in earlier)] if p)
         rest = client.audio.transcriptions.create(
-            model=MODEL, file=("clip.wav", clip.getvalue()), prompt=prompt,
+            model=MODEL, file=("clip.wav", clip.getvalue()), prompt=prompt, language="en",
             response_format="json",
         )  # fmt: skip
         assert rest.usage.input_tokens == tokens, (prompt, rest.usage, tokens)

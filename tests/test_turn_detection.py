@@ -7,24 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from spoken import RATE, pcm16, spoken
+from spoken import SENTENCES as ALL_SENTENCES
 
 from worker.api.realtime.config import EAGERNESS, VadConfig
 from worker.api.realtime.events import TurnDetectionIn
 from worker.api.realtime.turns import ServerVad, SpeechStarted, SpeechStopped, smart_turn
 from worker.layers.resample import resample
 
-SENTENCES = [
-    "please book a table for two at seven tonight",
-    "what is the weather going to be like tomorrow morning",
-    "turn off the lights in the kitchen and the living room",
-    "i would like to change my flight to next tuesday",
-    "can you read me the last message from my sister",
-    "remind me to call the dentist after lunch",
-    "how long does it take to drive to the airport",
-    "play something quiet while i finish this report",
-    "send the invoice to the accounting team before friday",
-    "add milk eggs and bread to the shopping list",
-]
+SENTENCES = ALL_SENTENCES[:10]
 BREAK_MS = 800  # a pause inside a sentence: longer than server_vad's 500 ms of silence
 
 

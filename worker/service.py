@@ -18,6 +18,7 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import (
     UNDERRUN_SLACK_S,
     Capabilities,
+    ConsentRecord,
     LoadReport,
     VoiceRecord,
     WorkerStatus,
@@ -178,6 +179,7 @@ class WorkerService:
         self.detail = "starting"
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
+        self._memory_consents: dict[str, ConsentRecord] = {}
         # audio id -> (expiry, text), oldest first
         self._memory_transcripts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self.in_flight = 0
@@ -394,5 +396,41 @@ class WorkerService:
             return self._memory_voices.pop(name, None) is not None
         try:
             return await self.store.delete_voice(name, owner)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    # -- voice consents: beside the voices (Redis, or this worker's memory) -------------------
+
+    async def put_consent(self, record: ConsentRecord, recording: bytes | None = None) -> None:
+        """A new consent with its recording, or a consent's new record (``recording`` None)."""
+        if self.store is None:
+            self._memory_consents[record.id] = record
+            return
+        try:
+            await self.store.put_consent(record, recording)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def get_consent(self, consent_id: str) -> ConsentRecord | None:
+        if self.store is None:
+            return self._memory_consents.get(consent_id)
+        try:
+            return await self.store.get_consent(consent_id)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def list_consents(self) -> list[ConsentRecord]:
+        if self.store is None:
+            return sorted(self._memory_consents.values(), key=lambda c: (c.created_at, c.id))
+        try:
+            return await self.store.list_consents()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise self._voice_store_down(exc) from exc
+
+    async def delete_consent(self, consent_id: str) -> bool:
+        if self.store is None:
+            return self._memory_consents.pop(consent_id, None) is not None
+        try:
+            return await self.store.delete_consent(consent_id)
         except (redis.exceptions.RedisError, OSError) as exc:
             raise self._voice_store_down(exc) from exc

@@ -20,7 +20,7 @@ from router.http.wire import error_response
 # one of these paths starts with /v1/audio/
 # no side effect: may go to a second worker
 RESENDABLE_UPLOADS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/translations"})
-STREAMED_UPLOADS = RESENDABLE_UPLOADS | {b"/v1/audio/voices"}
+STREAMED_UPLOADS = RESENDABLE_UPLOADS | {b"/v1/audio/voices", b"/v1/audio/voice_consents"}
 # Lingering close, as nginx does it (and the worker, worker/api/gate.py): a request refused
 # before its body was read (413, 414, 431, 401, 415, a worker's early answer to an upload) is
 # answered, the sending side shut down, then what the client still sends is read and dropped

@@ -172,10 +172,13 @@ def test_a_cloned_voice_reads_its_text_once(name: str, setup: Setup) -> None:
     sdk = setup.sdk()
     data, _ = ref.reference_audio()
     icl, xvec = f"icl-{name}", f"xvec-{name}"
+    consent = sdk.audio.voice_consents.create(
+        name="speaker", language="en-US", recording=("c.wav", data, "audio/wav")
+    ).id
     sdk.audio.voices.create(name=icl, audio_sample=("ref.wav", data, "audio/wav"),
-                            consent="recorded", extra_body={"text": REF_TEXT})  # fmt: skip
+                            consent=consent, extra_body={"text": REF_TEXT})  # fmt: skip
     sdk.audio.voices.create(name=xvec, audio_sample=("ref.wav", data, "audio/wav"),
-                            consent="recorded")  # fmt: skip
+                            consent=consent)  # fmt: skip
     for i, voice in enumerate((icl, xvec)):
         pcm, usage = _sse(sdk, name, voice)
         ref.assert_same_speech(pcm, setup.results[name][f"{i}.wav"], f"{name}, {voice}")

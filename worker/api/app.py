@@ -8,6 +8,7 @@ from worker.api import (
     audio,
     chat,
     completions,
+    consents,
     errors,
     speech,
     speech_stream,
@@ -42,6 +43,7 @@ def create_app(service: WorkerService) -> FastAPI:
         speech_stream,
         transcription,
         voices,
+        consents,
         realtime,
     ):
         app.include_router(module.router)

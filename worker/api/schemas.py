@@ -261,3 +261,10 @@ class TranslationForm(Body):
 class TranscriptionForm(TranslationForm):
     language: str | None = Field(None, max_length=32)
     stream: bool = False
+    # OpenAI's current transcription fields (worker.api.transcription._hint_and_context)
+    keywords: list[Annotated[str, Field(max_length=256)]] | None = Field(None, max_length=100)
+    languages: list[Annotated[str, Field(max_length=8)]] | None = Field(None, max_length=16)
+    include: list[str] | None = None
+    known_speaker_names: list[str] | None = None
+    known_speaker_references: list[str] | None = None
+    chunking_strategy: str | None = None

@@ -22,7 +22,7 @@ from starlette.datastructures import FormData, UploadFile
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
 from planner.spec import Executor
-from worker.api import audio
+from worker.api import audio, languages
 from worker.api.common import (
     closed_response,
     read_form,
@@ -52,15 +52,22 @@ router = APIRouter()
 def _form(
     form: FormData, model: type[TranslationForm]
 ) -> tuple[TranslationForm, UploadFile | None, list[str]]:
-    """The form's fields as ``model``, its file, and its timestamp granularities."""
+    """The form's fields as ``model``, its file, and its timestamp granularities. A list
+    field comes as repeated ``name[]`` (the SDK's way) or ``name`` parts."""
     granularities = [
         v for k, v in form.multi_items() if k in _GRANULARITY_FIELDS and isinstance(v, str)
     ]
-    fields = {
-        k: v
-        for k, v in form.multi_items()
-        if k != "file" and k not in _GRANULARITY_FIELDS and isinstance(v, str)
-    }
+    lists: dict[str, list[str]] = {}
+    fields: dict[str, object] = {}
+    for k, v in form.multi_items():
+        if k == "file" or k in _GRANULARITY_FIELDS or not isinstance(v, str):
+            continue
+        name = k.removesuffix("[]")
+        if name in _LIST_FIELDS:
+            lists.setdefault(name, []).append(v)
+        else:
+            fields[k] = v
+    fields |= lists
     if granularities and model is TranslationForm:
         fields["timestamp_granularities"] = granularities[0]  # (refused: not a field of it)
     try:
@@ -129,11 +136,10 @@ async def transcriptions(request: Request) -> Response:
     if Endpoint.TRANSCRIPTION not in service.capabilities.endpoints:
         raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not transcribe")
     words = _check_granularities(service, body, granularities)
-    clip = await _clip(service, upload)
     timed = service.family.timed_transcripts
-    options = TranscriptionOptions(
-        language=body.language or None, prompt=body.prompt or None, timestamps=words
-    )
+    language, prompt = _hint_and_context(body, timed)
+    clip = await _clip(service, upload)
+    options = TranscriptionOptions(language=language, prompt=prompt, timestamps=words)
     gen = _generation(request, clip, body, options)
     ticket = service.admit(gen.session_id, RequestKind.TRANSCRIPTION)
     duration = clip.size / AUDIO_INPUT_RATE
@@ -149,11 +155,13 @@ async def transcriptions(request: Request) -> Response:
     text = "".join(texts)
     segments: list[tuple[float, float, str]] | None
     if timed:  # each clip's text is one delta, after its ClipStart
-        language = merge_languages([c.language for c in result.clips])
+        detected = [c.language for c in result.clips]
+        language = merge_languages(detected)
         pairs = zip(result.clips, texts, strict=True)
         segments = [(c.start, c.end, t.strip()) for c, t in pairs if t.strip()]
     else:
-        language = body.language or ""
+        detected = [options.language] if options.language else []
+        language = options.language or ""
         segments = [(0.0, duration, text)] if text else []
     if "segment" not in granularities and granularities:
         segments = None  # (word timestamps only, as asked)
@@ -166,7 +174,44 @@ async def transcriptions(request: Request) -> Response:
         segments,
         result,
         result.words if words else None,
+        languages.codes_of(detected) if body.languages is not None else None,
     )
+
+
+def _hint_and_context(body: TranscriptionForm, timed: bool) -> tuple[str | None, str | None]:
+    """The request's language hint and context for the model: ``language``, or the one
+    language of ``languages`` (ISO-639-1); ``prompt`` then ``keywords`` (the model's own
+    context: Qwen3-ASR's system turn, Qwen3-Omni's system message). What no family here does
+    is refused, naming the field."""
+    for field in ("known_speaker_names", "known_speaker_references"):
+        if getattr(body, field):
+            raise _refused(field, "speaker diarization is not served by these models")
+    if body.include:
+        raise _refused("include", "token log probabilities are not given for transcriptions")
+    if body.chunking_strategy not in (None, "auto") or (body.chunking_strategy and not timed):
+        raise _refused(
+            "chunking_strategy",
+            "only 'auto' is taken, by a model that cuts long audio at pauses itself (Qwen3-ASR)",
+        )
+    language = body.language or None
+    if body.languages:
+        if len(body.languages) > 1 or language:
+            raise _refused("languages", "give one language (the model's hint), or none")
+        language = languages.name_of(body.languages[0])
+        if language is None:
+            known = ", ".join(sorted(languages.NAMES))
+            raise _refused("languages", f"unknown ISO-639-1 code; known: {known}")
+    context = [body.prompt or ""]
+    if body.keywords:
+        context.append("Keywords: " + ", ".join(k.strip() for k in body.keywords) + ".")
+    prompt = "\n".join(c for c in context if c)
+    if len(prompt) > 4096:
+        raise _refused("keywords", "prompt and keywords come to more than 4096 characters")
+    return language, prompt or None
+
+
+def _refused(field: str, why: str) -> OmniError:
+    return OmniError(400, ErrorCode.INVALID_REQUEST, f"{field}: {why}", field)
 
 
 def _answer(
@@ -178,8 +223,10 @@ def _answer(
     segments: list[tuple[float, float, str]] | None,
     result: Collected,
     words: list[tuple[str, float, float]] | None = None,
+    detected: list[str] | None = None,
 ) -> Response:
-    """A whole transcription or translation in ``response_format``."""
+    """A whole transcription or translation in ``response_format``; ``detected``: the
+    languages heard (ISO-639-1 codes), answered as ``languages`` in json and verbose_json."""
     if fmt == "text":
         return PlainTextResponse(text)
     if fmt in ("srt", "vtt"):
@@ -194,6 +241,8 @@ def _answer(
             ]
         if words is not None:
             payload["words"] = [{"word": w, "start": a, "end": b} for w, a, b in words]
+    if detected is not None:
+        payload["languages"] = detected
     if result.finished is not None:
         payload["usage"] = {
             "type": "tokens",
@@ -205,6 +254,8 @@ def _answer(
 
 
 _GRANULARITY_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
+_LIST_FIELDS = {"keywords", "languages", "include", "known_speaker_names",
+                "known_speaker_references"}  # fmt: skip
 _SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 

@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 
 from fleet.api_keys import API_KEY_ID_HEADER
 from fleet.errors import ErrorCode, OmniError
-from fleet.records import PCM16_24K, Endpoint, VoiceRecord
+from fleet.records import PCM16_24K, ConsentRecord, Endpoint, VoiceRecord
 from fleet.store import VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from worker.api import audio
 from worker.api.common import read_form, service_of
@@ -32,6 +32,18 @@ VOICE_REFERENCE_RATE = AUDIO_INPUT_RATE  # Hz: the rate GenerationRequest.voice_
 SILENCE = 1e-4  # peak below this (float, full scale 1.0): a silent reference, refused
 MAX_TRANSCRIPT_CHARS = 2048
 _MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
+
+
+def checked_name(value: object) -> str:
+    """A voice's or a consent's ``name`` field, or the 400 naming it."""
+    if not isinstance(value, str) or not VOICE_NAME.fullmatch(value):
+        raise OmniError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            "field 'name' is required: 1-64 characters of letters, digits, '_', '.', '-'",
+            "name",
+        )
+    return value
 
 
 def voice_not_found(name: str, builtin: list[str], param: str, status: int = 404) -> OmniError:
@@ -92,19 +104,53 @@ def reference_audio(pcm16: bytes, rate: int = VOICE_REFERENCE_RATE) -> np.ndarra
 
 
 def _voice_json(record: VoiceRecord) -> dict:
-    shown = record.model_dump(exclude={"owner", "format"})
-    # id and type as OpenAI's Voice object has them (the SDK's audio.voices.create reads them)
-    return {"object": "voice", "id": record.name, "type": "audio_sample", "builtin": False,
-            **shown}  # fmt: skip
+    """OpenAI's ``audio.voice`` object (id, name, type, created_at in seconds), with what the
+    fleet keeps of an uploaded voice beside it."""
+    shown = record.model_dump(exclude={"owner", "format", "created_at"})
+    return {"object": "audio.voice", "id": record.name, "type": "audio_sample", "builtin": False,
+            "created_at": int(record.created_at), **shown}  # fmt: skip
 
 
-def _voice_too_large(size: int, limit: int) -> OmniError:
+def _builtin_json(name: str) -> dict:
+    """A built-in speaker as an ``audio.voice`` (created with the checkpoint: at 0)."""
+    return {"object": "audio.voice", "id": name, "name": name, "type": "builtin",
+            "builtin": True, "created_at": 0}  # fmt: skip
+
+
+def consent_not_found(consent_id: str, param: str, status: int = 404) -> OmniError:
+    return OmniError(
+        status,
+        ErrorCode.NOT_FOUND,
+        f"no voice consent {consent_id!r}: upload the speaker's consent recording first "
+        "(POST /v1/audio/voice_consents)",
+        param,
+    )
+
+
+async def owned_consent(service: WorkerService, request: Request, consent_id: str,
+                        param: str, status: int = 404) -> ConsentRecord:  # fmt: skip
+    """The consent, if it exists and the caller's API key (if any) uploaded it."""
+    record = await service.get_consent(consent_id)
+    if record is None:
+        raise consent_not_found(consent_id, param, status)
+    owner = request.headers.get(API_KEY_ID_HEADER, "")
+    if owner and record.owner not in ("", owner):
+        raise OmniError(
+            403,
+            ErrorCode.PERMISSION_DENIED,
+            f"voice consent {consent_id!r} was uploaded with another API key",
+            param,
+        )
+    return record
+
+
+def _voice_too_large(size: int, limit: int, param: str = "file") -> OmniError:
     return OmniError(
         413,
         ErrorCode.VOICE_TOO_LARGE,
         f"voice upload is {size} bytes; this worker takes files of at most {limit} bytes (a "
         "voice needs only a few seconds of speech)",
-        "file",
+        param,
     )
 
 
@@ -128,7 +174,15 @@ def _quota_error(exc: VoiceQuotaExceeded) -> OmniError:
     )
 
 
-def _require(service: WorkerService) -> None:
+def refuse_large_upload(request: Request, service: WorkerService, param: str) -> None:
+    """413 before a byte of the body is read, when its declared length is over the limit."""
+    declared = request.headers.get("content-length", "")
+    limit = service.settings.max_voice_upload_bytes
+    if declared.isdigit() and int(declared) > limit + _MULTIPART_SLACK:
+        raise _voice_too_large(int(declared), limit, param)
+
+
+def require_voices(service: WorkerService) -> None:
     if Endpoint.VOICES not in service.capabilities.endpoints:
         raise OmniError(
             404, ErrorCode.NOT_FOUND, f"model {service.spec.name!r} takes no uploaded voices"
@@ -138,7 +192,7 @@ def _require(service: WorkerService) -> None:
 @router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> dict:
     service = service_of(request)
-    builtin = [{"object": "voice", "name": n, "builtin": True} for n in service.pipeline.speakers()]
+    builtin = [_builtin_json(n) for n in service.pipeline.speakers()]
     uploaded = [_voice_json(r) for r in await service.list_voices()]
     return {"object": "list", "data": builtin + uploaded}
 
@@ -146,11 +200,8 @@ async def list_voices(request: Request) -> dict:
 @router.post("/v1/audio/voices")
 async def upload_voice(request: Request) -> dict:
     service = service_of(request)
-    _require(service)
-    declared = request.headers.get("content-length", "")
-    limit = service.settings.max_voice_upload_bytes
-    if declared.isdigit() and int(declared) > limit + _MULTIPART_SLACK:
-        raise _voice_too_large(int(declared), limit)  # before a byte of the body is read
+    require_voices(service)
+    refuse_large_upload(request, service, "file")
     form = await read_form(request)
     name = form.get("name")
     kind = form.get("type") or "audio_sample"
@@ -163,13 +214,7 @@ async def upload_voice(request: Request) -> dict:
         )
     # `audio_sample` is OpenAI's name (the SDK's audio.voices.create sends it)
     upload = form.get("audio_sample") or form.get("file") or form.get("audio")
-    if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
-        raise OmniError(
-            400,
-            ErrorCode.INVALID_REQUEST,
-            "field 'name' is required: 1-64 characters of letters, digits, '_', '.', '-'",
-            "name",
-        )
+    name = checked_name(name)
     if not isinstance(upload, UploadFile):
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, "field 'file' or 'audio_sample' is required", "file"
@@ -177,11 +222,10 @@ async def upload_voice(request: Request) -> dict:
     consent = form.get("consent") or ""
     if not isinstance(consent, str) or len(consent) > 256:
         raise OmniError(
-            400,
-            ErrorCode.INVALID_REQUEST,
-            "field 'consent' must be at most 256 characters",
-            "consent",
+            400, ErrorCode.INVALID_REQUEST, "field 'consent' is a voice consent's id", "consent"
         )
+    if consent:  # (a consent the same key uploaded: POST /v1/audio/voice_consents)
+        await owned_consent(service, request, consent, "consent", status=400)
     if name in service.pipeline.speakers():
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
@@ -233,7 +277,7 @@ async def upload_voice(request: Request) -> dict:
 async def get_voice(name: str, request: Request) -> dict:
     service = service_of(request)
     if name in service.pipeline.speakers():
-        return {"object": "voice", "name": name, "builtin": True}
+        return _builtin_json(name)
     found = await service.get_voice(name)
     if found is None:
         raise voice_not_found(name, service.pipeline.speakers(), "name")
@@ -251,7 +295,7 @@ async def delete_voice(name: str, request: Request) -> dict:
         raise _owned_error(name) from exc
     if not deleted:
         raise voice_not_found(name, service.pipeline.speakers(), "name")
-    return {"object": "voice", "name": name, "deleted": True}
+    return {"object": "audio.voice.deleted", "id": name, "name": name, "deleted": True}
 
 
 @router.delete("/v1/audio/voices")
