@@ -41,7 +41,6 @@ MODEL_RATE = 16_000
 MODEL_FRAME = 512  # samples at 16 kHz: 32 ms
 CONTEXT = 64  # samples of the frame before that go in with each frame (the package's wrapper)
 FRAME_SAMPLES = PCM_RATE * MODEL_FRAME // MODEL_RATE  # 768 at 24 kHz
-FRAME_MS = 1000 * MODEL_FRAME // MODEL_RATE
 HYSTERESIS = 0.15  # below threshold - this, a frame counts as silence (VADIterator's)
 PAUSE_MS = 160  # semantic_vad: a pause this long is scored
 TURN_SECONDS = 8  # what Smart Turn reads: the turn's last 8 s (its input's length)
