@@ -133,13 +133,19 @@ class FrameBatcher:
     def _run(self) -> None:
         waiting, self.waiting = self.waiting, []
         probs = [np.empty(len(frames), np.float32) for _, frames, _ in waiting]
-        for r in range(max(len(frames) for _, frames, _ in waiting)):
-            rows = [i for i, (_, frames, _) in enumerate(waiting) if len(frames) > r]
-            got = self.model.step(
-                [waiting[i][0] for i in rows], np.stack([waiting[i][1][r] for i in rows])
-            )
-            for i, p in zip(rows, got, strict=True):
-                probs[i][r] = p
+        try:
+            for r in range(max(len(frames) for _, frames, _ in waiting)):
+                rows = [i for i, (_, frames, _) in enumerate(waiting) if len(frames) > r]
+                got = self.model.step(
+                    [waiting[i][0] for i in rows], np.stack([waiting[i][1][r] for i in rows])
+                )
+                for i, p in zip(rows, got, strict=True):
+                    probs[i][r] = p
+        except Exception as exc:  # (each session's feed raises it: none waits forever)
+            for _, _, done in waiting:
+                if not done.done():
+                    done.set_exception(exc)
+            return
         for (_, _, done), p in zip(waiting, probs, strict=True):
             if not done.done():  # (its session went away meanwhile)
                 done.set_result(p)
