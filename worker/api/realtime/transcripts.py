@@ -141,6 +141,9 @@ class Transcriber:
             transcript = await transcribe(self.channel, item, options)
             if transcript is not None:
                 self.heard.append(transcript)
+                # (only the last CONTEXT_CHARS are ever read: a long session keeps no more)
+                while len(self.heard) > 1 and sum(map(len, self.heard[1:])) >= CONTEXT_CHARS:
+                    self.heard.pop(0)
 
         task = asyncio.create_task(in_turn(), name=f"transcribe-{item['id']}")
         self.last = task
