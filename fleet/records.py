@@ -158,6 +158,11 @@ class VoiceRecord(BaseModel):
     transcript: str = ""
     # OpenAI's ``consent`` (the id of the speaker's recorded consent), kept with the voice
     consent: str = ""
+    # OpenAI's ``type``: "audio_sample" (cloned from the stored audio) or "prompt" (designed
+    # from ``prompt``, words that describe it, by a VoiceDesign model; its UTF-8 is what is
+    # stored beside the record, so the quotas count it)
+    type: str = "audio_sample"
+    prompt: str = ""
 
 
 class ConsentRecord(BaseModel):
@@ -176,3 +181,4 @@ class ConsentRecord(BaseModel):
 
 
 PCM16_24K = "pcm16le-mono-24000"  # VoiceRecord.format of voices stored in the model's form
+PROMPT_UTF8 = "prompt-utf8"  # VoiceRecord.format of a designed voice: its prompt is stored

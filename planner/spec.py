@@ -203,6 +203,11 @@ class ModelSpec(Strict):
     capabilities: CapabilitiesSpec
     entry: str = Field(description="the stage that receives requests")
     stages: dict[str, StageSpec]
+    voice_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="other names of built-in voices, alias -> speaker: OpenAI's voice names "
+        "(alloy, ash...) for clients that take no others",
+    )
 
     @model_validator(mode="after")
     def _check_graph(self) -> ModelSpec:

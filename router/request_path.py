@@ -206,6 +206,8 @@ class RequestPath:
                 return
         else:
             c = classify_plain(endpoint)
+            if q >= 0:  # a body routing does not read: a query may name the model
+                c.model = parse_qs(url[q + 1 :].decode("latin-1")).get("model", [None])[0]
         admitted = self._admit(client, c, session)
         if admitted is None:
             return

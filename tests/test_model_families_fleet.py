@@ -29,7 +29,9 @@ import pytest
 import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.records import PROMPT_UTF8, VoiceRecord
 from fleet.redis_server import RedisServer
+from fleet.store import FleetStore, connect
 from planner.spec import ModelSpec
 from tests.fakes.procs import Router, wait_for
 from tests.worker_procs import WorkerProcess
@@ -110,6 +112,11 @@ def test_models_list_each_familys_capabilities_and_voices(fleet: FamilyFleet) ->
     cv, base, asr = (models[m] for m in WORKERS)
     builtin = httpx.get(fleet.workers["tiny-qwen3-tts"].url + "/v1/models").json()["data"][0]
     assert cv["voices"] == builtin["voices"] and cv["voices"]  # what the worker says
+    # OpenAI's voice names, as the spec maps them to the checkpoint's speakers
+    shown = httpx.get(fleet.workers["tiny-qwen3-tts"].url + "/v1/audio/voices").json()["data"]
+    aliases = {v["id"]: v["alias_of"] for v in shown if "alias_of" in v}
+    assert len(aliases) == 13 and aliases["alloy"] == "vivian" and aliases["ash"] == "ryan"
+    assert cv["voices"] == [v["id"] for v in shown]
     assert cv["capabilities"] == builtin["capabilities"]
     assert cv["capabilities"]["output_modalities"] == ["audio"]
     assert base["voices"] == []  # Base clones uploaded voices only
@@ -131,6 +138,11 @@ def test_custom_voice_speech_streamed_speech_and_realtime(fleet: FamilyFleet) ->
     assert raw.headers["x-omni-worker-id"] == "tiny-qwen3-tts"
     pcm = raw.content
     assert len(pcm) == FRAMES * 1920 * 2
+    assert voice == "vivian"  # and OpenAI's "alloy" speaks as vivian (the spec's voice_aliases)
+    assert pcm == sdk.audio.speech.create(
+        model="tiny-qwen3-tts", input="Hello through the router.", voice="alloy",
+        response_format="pcm", extra_body=seeded,
+    ).content  # fmt: skip
     with sdk.audio.speech.with_streaming_response.create(
         model="tiny-qwen3-tts", input="Hello through the router.", voice=voice,
         response_format="pcm", extra_body={"stream": True, **seeded},
@@ -295,12 +307,35 @@ def test_base_clones_a_voice_uploaded_through_the_router(fleet: FamilyFleet) -> 
         extra_body={"temperature": 0},  # (greedy: the random weights never stop early)
     ).content  # fmt: skip
     assert len(pcm) == FRAMES * 1920 * 2 and any(pcm)
-    with pytest.raises(openai.BadRequestError) as err:  # Base has no built-in voices
-        sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="vivian")
-    assert err.value.code == "voice_not_found"
-    with pytest.raises(openai.BadRequestError) as err:  # a prompt-designed voice: not served
-        sdk.audio.voices.create(name="designed", type="prompt", prompt="a calm voice")
-    assert err.value.param == "type"
+    for voice in ("vivian", "alloy"):  # Base has no built-in voices, so no OpenAI names
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice=voice)
+        assert err.value.code == "voice_not_found" and err.value.param == "voice"
+    with pytest.raises(openai.BadRequestError) as err:  # Base does not design voices
+        sdk.audio.voices.create(name="designed", type="prompt", prompt="a calm voice",
+                                extra_query={"model": "tiny-qwen3-tts-base"})  # fmt: skip
+    assert err.value.param == "type" and "'tiny-qwen3-tts-base'" in err.value.message
+    with pytest.raises(openai.NotFoundError) as err:  # the router routes by ?model=
+        sdk.audio.voices.create(name="designed", type="prompt", prompt="a calm voice",
+                                extra_query={"model": "tiny-qwen3-tts"})  # fmt: skip
+    assert "'voices' for model 'tiny-qwen3-tts'" in err.value.message
+    # a voice designed from words elsewhere in the fleet (stored by a VoiceDesign worker)
+    prompt = "A calm voice."
+    record = VoiceRecord(name="described", bytes=len(prompt), format=PROMPT_UTF8,
+                         type="prompt", prompt=prompt)  # fmt: skip
+
+    async def store_designed() -> None:
+        store = FleetStore(connect(fleet.redis_url), FLEET)
+        await store.put_voice(record, prompt.encode())
+        await store.close()
+
+    asyncio.run(store_designed())
+    listed = {v["id"]: v for v in httpx.get(fleet.router.url + "/v1/audio/voices").json()["data"]}
+    assert listed["described"]["type"] == "prompt" and "consent" not in listed["described"]
+    with pytest.raises(openai.BadRequestError) as err:  # Base cannot speak it: refused
+        sdk.audio.speech.create(model="tiny-qwen3-tts-base", input="x", voice="described")
+    assert err.value.param == "voice" and "designed from words" in err.value.message
+    assert sdk.audio.voices.delete("described").deleted
     with pytest.raises(openai.BadRequestError) as err:  # a Base clones: no instructions
         sdk.audio.speech.create(
             model="tiny-qwen3-tts-base", input="x", voice="mine", instructions="Whisper."
@@ -399,6 +434,8 @@ def test_transcription_takes_openais_current_fields(fleet: FamilyFleet) -> None:
     assert keyed.usage.input_tokens == as_prompt.usage.input_tokens > plain
     hinted = asr(languages=["en"])
     assert hinted.usage.input_tokens == asr(language="English").usage.input_tokens
+    # OpenAI's ``language`` is ISO-639-1: the model is given its own name for it
+    assert asr(language="en").usage.input_tokens == hinted.usage.input_tokens
     assert hinted.model_dump()["languages"] == ["en"]
     refused = {
         "languages": {"languages": ["en", "de"]},

@@ -124,6 +124,12 @@ def test_speech_whole_and_streamed(sdk: openai.OpenAI) -> None:
         model=MODEL, input=text, voice=VOICE, response_format="pcm", extra_body={"seed": 22}
     ).content
     assert other != whole[44:]
+    # OpenAI's voice names are the spec's aliases of the talker's speakers (voice_aliases)
+    alias = sdk.audio.speech.create(
+        model=MODEL, input=text, voice="alloy", response_format="pcm", extra_body=seeded
+    ).content
+    assert alias == whole[44:]  # alloy speaks as chelsie
+    assert {"alloy", "ash", "verse"} <= set(sdk.models.retrieve(MODEL).model_dump()["voices"])
     # Qwen3-Omni's talker takes no instructions or language (Qwen3-TTS's do): refused, not ignored
     for field, value in (("instructions", "Whisper."), ("language", "english")):
         with pytest.raises(openai.BadRequestError) as err:

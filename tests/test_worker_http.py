@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -518,3 +519,20 @@ def test_store_true_is_refused_not_ignored(http: httpx.Client) -> None:
     body = {"model": "fake-omni", "messages": [{"role": "user", "content": "hi"}], "store": True}
     assert_error(http.post("/v1/chat/completions", json=body), 400, "invalid_request")
     assert http.post("/v1/chat/completions", json={**body, "store": False}).status_code == 200
+
+
+def test_voice_aliases_name_the_checkpoints_speakers(caplog: pytest.LogCaptureFixture) -> None:
+    """The spec's ``voice_aliases`` are built-in voices too, each speaking as its speaker; one
+    whose speaker the checkpoint lacks, or that is a speaker's own name, is left out, said."""
+    import yaml
+
+    from worker.service import builtin_voices
+
+    spec = ModelSpec.model_validate(
+        yaml.safe_load(Path("configs/models/tiny-qwen3-tts.yaml").read_text())
+    ).model_copy(update={"voice_aliases": {"alloy": "vivian", "ash": "serena", "ryan": "vivian"}})
+    with caplog.at_level("WARNING"):
+        names = builtin_voices(spec, ["vivian", "ryan"])
+    assert names == {"vivian": "vivian", "ryan": "ryan", "alloy": "vivian"}
+    assert "'ash' -> 'serena' not served" in caplog.text
+    assert "'ryan' -> 'vivian' not served: it is a speaker's own name" in caplog.text

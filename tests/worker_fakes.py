@@ -53,6 +53,9 @@ class FakePipeline:
     def follows_instructions(self) -> bool:
         return False
 
+    def designed_voice(self) -> str | None:
+        return None
+
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         return self.limits
 

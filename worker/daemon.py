@@ -318,7 +318,7 @@ class Daemon:
             model=planned.spec.name,
             served_models=planned.spec.served_models,
             capabilities=capabilities_of(planned.spec),
-            voices=service.pipeline.speakers(),
+            voices=list(service.builtin_voices),
             capacity=settings.capacity,
             prefix_cache_tokens=prefix_cache_tokens(planned.spec, planned.node_plan),
             status=WorkerStatus.STARTING,

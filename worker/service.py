@@ -156,6 +156,21 @@ class Ticket:
             self.service._release(self)
 
 
+def builtin_voices(spec: ModelSpec, speakers: list[str]) -> dict[str, str]:
+    """Each built-in voice's name -> the checkpoint's speaker: the speakers, then the spec's
+    aliases of them (``voice_aliases``). An alias of a speaker the checkpoint lacks (a
+    production spec served on another checkpoint with ``--model-dir``) is left out, said."""
+    names = {s: s for s in speakers}
+    for alias, speaker in spec.voice_aliases.items():
+        if speaker in speakers and alias not in names:
+            names[alias] = speaker
+        else:
+            log.warning("voice alias %r -> %r not served: %s", alias, speaker,
+                        f"the checkpoint's speakers are {speakers}" if alias not in names
+                        else "it is a speaker's own name")  # fmt: skip
+    return names
+
+
 class WorkerService:
     def __init__(
         self,
@@ -175,6 +190,7 @@ class WorkerService:
         self.worker_id = worker_id
         self.metrics = metrics or WorkerMetrics(spec.stages, spec.name)
         self.capabilities = capabilities_of(spec)
+        self.builtin_voices = builtin_voices(spec, pipeline.speakers())
         self.status = WorkerStatus.STARTING
         self.detail = "starting"
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured

@@ -191,6 +191,30 @@ def test_voice_design_through_a_router_equals_official(official: dict, redis_url
         with pytest.raises(openai.BadRequestError) as err:
             sdk.audio.speech.create(model=VD, input="x", voice="vivian")
         assert err.value.code == "voice_not_found"
+        # OpenAI's voice designed from words: stored in the fleet, then spoken as the designed
+        # voice with its prompt as the description (JSON or multipart, as OpenAI takes it)
+        made = sdk.audio.voices.create(name="calm", type="prompt", prompt=r["instruct"],
+                                       extra_query={"model": VD})  # fmt: skip
+        assert (made.object, made.type, made.prompt) == ("audio.voice", "prompt", r["instruct"])
+        voices = httpx.get(router.url + "/v1/audio/voices", timeout=30).json()["data"]
+        listed = {v["id"]: v for v in voices}
+        assert listed["calm"]["type"] == "prompt" and listed["calm"]["prompt"] == r["instruct"]
+        pcm = sdk.audio.speech.create(
+            model=VD, input=r["text"], voice="calm", response_format="pcm",
+            extra_body={"temperature": 0, "language": r["language"]},
+        ).content  # fmt: skip
+        ref.assert_same_speech(
+            np.frombuffer(pcm, dtype="<i2"), official["results"][VD]["0.wav"], "prompt voice"
+        )
+        as_json = httpx.post(router.url + "/v1/audio/voices", json={
+            "name": "bright", "type": "prompt", "prompt": "Bright and quick.",
+        }, timeout=30)  # fmt: skip
+        assert as_json.status_code == 200 and as_json.json()["prompt"] == "Bright and quick."
+        for bad, param in (({"prompt": "  "}, "prompt"), ({"script_hint": "Hi."}, "script_hint"),
+                           ({"model": "gpt-voice"}, "model")):  # fmt: skip
+            body = {"name": "x", "type": "prompt", "prompt": "Deep.", **bad}
+            refused = httpx.post(router.url + "/v1/audio/voices", json=body, timeout=30)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param
     finally:
         if router is not None:
             router.stop()

@@ -36,14 +36,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def _media_type(request: Request) -> str:
+def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
 async def read_json(request: Request, model: type[M]) -> M:
     """JSON body -> ``model``: 415 for another content type, 400 ``invalid_json`` for bytes
     that are not JSON, 400 ``invalid_request`` naming the field for a wrong shape."""
-    kind = _media_type(request)
+    data = await read_json_object(request)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_pydantic(exc) from exc
+
+
+async def read_json_object(request: Request) -> dict:
+    """JSON body -> a dict (``read_json`` without the model)."""
+    kind = media_type(request)
     if kind != "application/json" and not kind.endswith("+json"):
         raise OmniError(
             415,
@@ -60,14 +69,11 @@ async def read_json(request: Request, model: type[M]) -> M:
     limit = getattr(request.app.state, "max_prompt_bytes", None)
     if limit is not None:  # before validation, tokenizing and every other cost
         limits.check_prompt(data, limit)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise from_pydantic(exc) from exc
+    return data
 
 
 async def read_form(request: Request) -> FormData:
-    if _media_type(request) != "multipart/form-data":
+    if media_type(request) != "multipart/form-data":
         raise OmniError(
             415,
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,

@@ -21,6 +21,13 @@ def name_of(code: str) -> str | None:
     return NAMES.get(code.strip().lower())
 
 
+def hint(language: str) -> str:
+    """A request's ``language`` as the model takes it: OpenAI's ISO-639-1 code ("en") becomes
+    the model's name ("English"); a name, or a code the table lacks, is the model's to take or
+    refuse (naming the field)."""
+    return name_of(language) or language
+
+
 def codes_of(names: list[str]) -> list[str]:
     """The codes of the languages a model wrote, in order, each once (unknown ones left out)."""
     out: list[str] = []

@@ -40,7 +40,7 @@ from worker.api.errors import stage_error
 from worker.api.generation import collect, collect_whole, events
 from worker.api.replay import default_seed
 from worker.api.schemas import SpeechBatchRequest, SpeechRequest, SpeechSampling
-from worker.api.voices import resolve_voice_record
+from worker.api.voices import PROMPT_VOICE, designed_voice_unserved, resolve_voice_record
 from worker.contract.options import SpeechOptions
 from worker.contract.pipeline import (
     AudioChunk,
@@ -85,6 +85,14 @@ async def speech_generation(
     voice, voice_audio, record = await resolve_voice_record(
         service, voice_name, param, rate=family.voice_rate
     )
+    if record is not None and record.type == PROMPT_VOICE:
+        # a voice designed from words: the checkpoint's designed voice, described by its
+        # prompt, then by the request's instructions (how to speak) after it
+        designed = service.pipeline.designed_voice()
+        if designed is None:
+            raise designed_voice_unserved(service, voice_name, param)
+        instructions = "\n".join(filter(None, (record.prompt, instructions)))
+        voice, record = designed, None
     options = None
     if family.speech_options:
         options = SpeechOptions(

@@ -21,7 +21,7 @@ def _model(service, name: str) -> dict:
         "created": service.created,
         "owned_by": "omni-fleet",
         "capabilities": service.capabilities.model_dump(mode="json"),
-        "voices": service.pipeline.speakers(),
+        "voices": list(service.builtin_voices),
         "engines": _engines(service),
     }
 

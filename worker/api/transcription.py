@@ -193,7 +193,7 @@ def _hint_and_context(body: TranscriptionForm, timed: bool) -> tuple[str | None,
             "chunking_strategy",
             "only 'auto' is taken, by a model that cuts long audio at pauses itself (Qwen3-ASR)",
         )
-    language = body.language or None
+    language = languages.hint(body.language) if body.language else None
     if body.languages:
         if len(body.languages) > 1 or language:
             raise _refused("languages", "give one language (the model's hint), or none")

@@ -17,10 +17,10 @@ from starlette.datastructures import UploadFile
 
 from fleet.api_keys import API_KEY_ID_HEADER
 from fleet.errors import ErrorCode, OmniError
-from fleet.records import PCM16_24K, ConsentRecord, Endpoint, VoiceRecord
+from fleet.records import PCM16_24K, PROMPT_UTF8, ConsentRecord, Endpoint, VoiceRecord
 from fleet.store import VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from worker.api import audio
-from worker.api.common import read_form, service_of
+from worker.api.common import media_type, read_form, read_json_object, service_of
 from worker.contract.pipeline import AUDIO_INPUT_RATE, AUDIO_OUTPUT_RATE
 from worker.service import WorkerService
 
@@ -31,6 +31,8 @@ VOICE_STORED_RATE = AUDIO_OUTPUT_RATE  # Hz: the codec's rate, what speaker enco
 VOICE_REFERENCE_RATE = AUDIO_INPUT_RATE  # Hz: the rate GenerationRequest.voice_audio has
 SILENCE = 1e-4  # peak below this (float, full scale 1.0): a silent reference, refused
 MAX_TRANSCRIPT_CHARS = 2048
+MAX_PROMPT_CHARS = 2048  # a designed voice's description
+PROMPT_VOICE = "prompt"  # OpenAI's ``type`` of a voice designed from words
 _MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
 
 
@@ -62,9 +64,23 @@ async def resolve_voice(
     service: WorkerService, name: str, param: str, rate: int | None = None
 ) -> tuple[str, np.ndarray | None]:
     """A built-in speaker, or an uploaded voice's reference audio fetched from the store, at
-    ``rate`` (default: the rate the engine takes reference audio at)."""
-    voice, samples, _ = await resolve_voice_record(service, name, param, rate)
+    ``rate`` (default: the rate the engine takes reference audio at). A voice designed from a
+    prompt is refused: only the speech endpoint of a VoiceDesign model speaks one."""
+    voice, samples, record = await resolve_voice_record(service, name, param, rate)
+    if record is not None and record.type == PROMPT_VOICE:
+        raise designed_voice_unserved(service, name, param)
     return voice, samples
+
+
+def designed_voice_unserved(service: WorkerService, name: str, param: str) -> OmniError:
+    return OmniError(
+        400,
+        ErrorCode.INVALID_REQUEST,
+        f"voice {name!r} is designed from words (type 'prompt'): only /v1/audio/speech of a "
+        f"model that designs voices (Qwen3-TTS VoiceDesign) speaks it, not {service.spec.name!r}"
+        " here",
+        param,
+    )
 
 
 async def resolve_voice_record(
@@ -73,13 +89,15 @@ async def resolve_voice_record(
     """``resolve_voice`` plus the uploaded voice's record (None for a built-in speaker), read in
     the same fetch: its transcript and content hash belong to exactly these samples."""
     rate = rate or VOICE_REFERENCE_RATE
-    builtin = service.pipeline.speakers()
-    if name in builtin:
-        return name, None, None
+    speaker = service.builtin_voices.get(name)
+    if speaker is not None:  # (an alias speaks as its speaker)
+        return speaker, None, None
     found = await service.get_voice(name)
     if found is None:
-        raise voice_not_found(name, builtin, param, status=400)
+        raise voice_not_found(name, list(service.builtin_voices), param, status=400)
     record, data = found
+    if record.type == PROMPT_VOICE:
+        return name, None, record  # (the caller speaks its prompt, or refuses it)
     if not record.sha256:
         record = record.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     if record.format == PCM16_24K:
@@ -106,15 +124,21 @@ def reference_audio(pcm16: bytes, rate: int = VOICE_REFERENCE_RATE) -> np.ndarra
 def _voice_json(record: VoiceRecord) -> dict:
     """OpenAI's ``audio.voice`` object (id, name, type, created_at in seconds), with what the
     fleet keeps of an uploaded voice beside it."""
-    shown = record.model_dump(exclude={"owner", "format", "created_at"})
-    return {"object": "audio.voice", "id": record.name, "type": "audio_sample", "builtin": False,
+    if record.type == PROMPT_VOICE:  # (no audio: OpenAI shows its prompt instead)
+        shown = record.model_dump(include={"name", "bytes", "uploaded_by", "type", "prompt"})
+    else:
+        shown = record.model_dump(exclude={"owner", "format", "created_at", "prompt"})
+    return {"object": "audio.voice", "id": record.name, "builtin": False,
             "created_at": int(record.created_at), **shown}  # fmt: skip
 
 
-def _builtin_json(name: str) -> dict:
+def _builtin_json(name: str, speaker: str) -> dict:
     """A built-in speaker as an ``audio.voice`` (created with the checkpoint: at 0)."""
-    return {"object": "audio.voice", "id": name, "name": name, "type": "builtin",
-            "builtin": True, "created_at": 0}  # fmt: skip
+    shown = {"object": "audio.voice", "id": name, "name": name, "type": "builtin",
+             "builtin": True, "created_at": 0}  # fmt: skip
+    if speaker != name:  # an alias (the spec's voice_aliases): the speaker it speaks as
+        shown["alias_of"] = speaker
+    return shown
 
 
 def consent_not_found(consent_id: str, param: str, status: int = 404) -> OmniError:
@@ -192,7 +216,7 @@ def require_voices(service: WorkerService) -> None:
 @router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> dict:
     service = service_of(request)
-    builtin = [_builtin_json(n) for n in service.pipeline.speakers()]
+    builtin = [_builtin_json(n, s) for n, s in service.builtin_voices.items()]
     uploaded = [_voice_json(r) for r in await service.list_voices()]
     return {"object": "list", "data": builtin + uploaded}
 
@@ -201,17 +225,31 @@ async def list_voices(request: Request) -> dict:
 async def upload_voice(request: Request) -> dict:
     service = service_of(request)
     require_voices(service)
+    if (model := request.query_params.get("model")) is not None:  # what a router routed on
+        service.check_model(model)
     refuse_large_upload(request, service, "file")
+    if media_type(request) == "application/json":  # (OpenAI takes a prompt voice as JSON too)
+        fields = await read_json_object(request)
+        if fields.get("type") != PROMPT_VOICE:
+            raise OmniError(
+                400, ErrorCode.INVALID_REQUEST,
+                "a voice cloned from audio is sent as multipart/form-data; JSON creates only "
+                "a voice designed from words (type 'prompt')", "type",
+            )  # fmt: skip
+        return await create_designed_voice(service, request, fields)
     form = await read_form(request)
-    name = form.get("name")
     kind = form.get("type") or "audio_sample"
+    if kind == PROMPT_VOICE:
+        return await create_designed_voice(service, request, dict(form))
     if kind != "audio_sample":
         raise OmniError(
             400,
             ErrorCode.INVALID_REQUEST,
-            "only voices cloned from an audio sample are served (type 'audio_sample')",
+            f"field 'type' is 'audio_sample' (a voice cloned from audio) or {PROMPT_VOICE!r} (a "
+            "voice designed from words)",
             "type",
         )
+    name = form.get("name")
     # `audio_sample` is OpenAI's name (the SDK's audio.voices.create sends it)
     upload = form.get("audio_sample") or form.get("file") or form.get("audio")
     name = checked_name(name)
@@ -226,7 +264,7 @@ async def upload_voice(request: Request) -> dict:
         )
     if consent:  # (a consent the same key uploaded: POST /v1/audio/voice_consents)
         await owned_consent(service, request, consent, "consent", status=400)
-    if name in service.pipeline.speakers():
+    if name in service.builtin_voices:
         raise OmniError(
             400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
         )
@@ -273,28 +311,88 @@ async def upload_voice(request: Request) -> dict:
     return _voice_json(record)
 
 
+async def create_designed_voice(
+    service: WorkerService, request: Request, fields: dict[str, object]
+) -> dict:
+    """OpenAI's ``type: "prompt"``: a voice that words describe, stored in the fleet like an
+    upload, then spoken by a VoiceDesign model with its prompt as the voice's description."""
+    if service.pipeline.designed_voice() is None:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"model {service.spec.name!r} cannot design a voice from words (type "
+            f"{PROMPT_VOICE!r} needs a Qwen3-TTS VoiceDesign model; through a router, name "
+            "one with ?model=)", "type",
+        )  # fmt: skip
+    name = checked_name(fields.get("name"))
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"field 'prompt' (words that describe the voice) must be text of 1 to "
+            f"{MAX_PROMPT_CHARS} characters, not only whitespace", "prompt",
+        )  # fmt: skip
+    for field, why in (
+        ("audio_sample", "a designed voice takes no audio (type 'audio_sample' clones one)"),
+        ("file", "a designed voice takes no audio (type 'audio_sample' clones one)"),
+        ("consent", "a designed voice is no one's: it takes no consent"),
+        ("script_hint", "no audio is made when a voice is designed: the voice is designed "
+         "anew from its prompt each time it speaks"),
+    ):  # fmt: skip
+        if fields.get(field) not in (None, ""):
+            raise OmniError(400, ErrorCode.INVALID_REQUEST, f"field {field!r}: {why}", field)
+    model = fields.get("model")
+    if model not in (None, "", "auto", service.spec.name):
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"field 'model' is 'auto' or this worker's model {service.spec.name!r}", "model",
+        )  # fmt: skip
+    if name in service.builtin_voices:
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST, f"{name!r} is a built-in voice; pick another", "name"
+        )
+    data = prompt.strip().encode()
+    record = VoiceRecord(
+        name=name,
+        bytes=len(data),
+        content_type="text/plain;charset=utf-8",
+        uploaded_by=service.worker_id,
+        sha256=hashlib.sha256(data).hexdigest(),
+        format=PROMPT_UTF8,
+        owner=request.headers.get(API_KEY_ID_HEADER, ""),
+        type=PROMPT_VOICE,
+        prompt=prompt.strip(),
+    )
+    try:
+        await service.put_voice(record, data)
+    except VoiceQuotaExceeded as exc:
+        raise _quota_error(exc) from exc
+    except VoiceOwnedByAnotherKey as exc:
+        raise _owned_error(name) from exc
+    return _voice_json(record)
+
+
 @router.get("/v1/audio/voices/{name}")
 async def get_voice(name: str, request: Request) -> dict:
     service = service_of(request)
-    if name in service.pipeline.speakers():
-        return _builtin_json(name)
+    if name in service.builtin_voices:
+        return _builtin_json(name, service.builtin_voices[name])
     found = await service.get_voice(name)
     if found is None:
-        raise voice_not_found(name, service.pipeline.speakers(), "name")
+        raise voice_not_found(name, list(service.builtin_voices), "name")
     return _voice_json(found[0])
 
 
 @router.delete("/v1/audio/voices/{name}")
 async def delete_voice(name: str, request: Request) -> dict:
     service = service_of(request)
-    if name in service.pipeline.speakers():
+    if name in service.builtin_voices:
         raise OmniError(400, ErrorCode.INVALID_REQUEST, f"{name!r} is built in", "name")
     try:
         deleted = await service.delete_voice(name, request.headers.get(API_KEY_ID_HEADER, ""))
     except VoiceOwnedByAnotherKey as exc:
         raise _owned_error(name) from exc
     if not deleted:
-        raise voice_not_found(name, service.pipeline.speakers(), "name")
+        raise voice_not_found(name, list(service.builtin_voices), "name")
     return {"object": "audio.voice.deleted", "id": name, "name": name, "deleted": True}
 
 

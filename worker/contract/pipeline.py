@@ -181,6 +181,10 @@ class Pipeline(Protocol):
     def follows_instructions(self) -> bool:
         """Whether the checkpoint follows a speech request's ``instructions``."""
 
+    def designed_voice(self) -> str | None:
+        """The built-in voice that a request's instructions design (a VoiceDesign checkpoint),
+        which speaks the voices created from prompts; None where the checkpoint cannot."""
+
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         """The autoregressive stages that a request for ``outputs`` waits in, each with the
         requests it takes at once over every replica (running and queued, as the spec and the

@@ -42,3 +42,7 @@ class Family:
     follows_instructions: Callable[[dict], bool] | None = None
     # the checkpoints that do, named in that refusal
     instructed: str = ""
+    # speech: the built-in voice of a checkpoint that designs its voice from words (the
+    # request's instructions: Qwen3-TTS VoiceDesign), None for the others; a voice created
+    # from a prompt (OpenAI's ``type: "prompt"``) is spoken as that voice with its prompt
+    designed_voice_of: Callable[[dict], str | None] | None = None

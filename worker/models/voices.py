@@ -17,6 +17,7 @@ from worker.models.registry import family_of
 class CheckpointVoices:
     speakers: list[str]
     follows_instructions: bool
+    designed_voice: str | None = None  # Family.designed_voice_of: the voice words design
 
 
 def checkpoint_voices(spec: ModelSpec, spec_path: Path) -> CheckpointVoices:
@@ -24,10 +25,13 @@ def checkpoint_voices(spec: ModelSpec, spec_path: Path) -> CheckpointVoices:
     family = family_of(root)
     configs = _component_configs(spec, root)
     follows = family.follows_instructions
+    designed = family.designed_voice_of
+    designs = [v for v in map(designed, configs) if v is not None] if designed else []
     return CheckpointVoices(
         speakers=_read_speakers(family, configs),
         follows_instructions=family.speech_options
         and (follows is None or all(follows(cfg) for cfg in configs)),
+        designed_voice=designs[0] if designs else None,
     )
 
 

@@ -238,6 +238,9 @@ class Coordinator:
     def follows_instructions(self) -> bool:
         return self._voices.follows_instructions
 
+    def designed_voice(self) -> str | None:
+        return self._voices.designed_voice
+
     def stage_limits(self, outputs: frozenset[str]) -> dict[str, int]:
         limits = self._limits.get(outputs)
         if limits is None:

@@ -5,10 +5,11 @@ decoder writes, then ``.completed`` (or ``.failed``); the item keeps the transcr
 too.
 
 A session's segments are one stream of speech: they are transcribed in the order they were
-committed, each with the session's ``language`` hint and, as its ``prompt`` (the model's own
-context: Qwen3-ASR's system turn, Qwen3-Omni's system message), the session's ``prompt``
-followed by the text of the segments before it (its last ``CONTEXT_CHARS``), so names,
-spellings and the sentence under way carry across the cuts that turn detection makes."""
+committed, each with the session's ``language`` hint (ISO-639-1, given to the model by its
+name) and, as its ``prompt`` (the model's own context: Qwen3-ASR's system turn, Qwen3-Omni's
+system message), the session's ``prompt`` followed by the text of the segments before it (its
+last ``CONTEXT_CHARS``), so names, spellings and the sentence under way carry across the cuts
+that turn detection makes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 
 from fleet.errors import OmniError
+from worker.api import languages
 from worker.api.errors import stage_error
 from worker.api.generation import events
 from worker.api.realtime.conversation import new_id
@@ -38,7 +40,10 @@ def transcription_options(config: dict, earlier: list[str]) -> TranscriptionOpti
     name: the served model transcribes) and the transcripts of the segments before it."""
     before = " ".join(t.strip() for t in earlier if t.strip())[-CONTEXT_CHARS:]
     prompt = "\n".join(p for p in (config.get("prompt"), before) if p)
-    return TranscriptionOptions(language=config.get("language") or None, prompt=prompt or None)
+    language = config.get("language")
+    return TranscriptionOptions(
+        language=languages.hint(language) if language else None, prompt=prompt or None
+    )
 
 
 async def transcribe(

@@ -25,10 +25,16 @@ VOICE_DESIGN = "voice_design"  # tts_model_type of a VoiceDesign checkpoint
 DESIGNED_VOICE = "designed"
 
 
+def designed_voice(config: dict) -> str | None:
+    """A VoiceDesign checkpoint's one voice; None for the others."""
+    return DESIGNED_VOICE if config.get("tts_model_type") == VOICE_DESIGN else None
+
+
 def designed_voices(config: dict) -> list[str] | None:
-    """A VoiceDesign checkpoint's one voice; None for the others (CustomVoice names its
-    speakers ``spk_id``, as the common keys read them)."""
-    return [DESIGNED_VOICE] if config.get("tts_model_type") == VOICE_DESIGN else None
+    """A VoiceDesign checkpoint's one voice as its built-in voices; None for the others
+    (CustomVoice names its speakers ``spk_id``, as the common keys read them)."""
+    designed = designed_voice(config)
+    return [designed] if designed else None
 
 
 def follows_instructions(config: dict) -> bool:
@@ -65,6 +71,7 @@ FAMILY = Family(
     streams_text=True,
     tiny_builder="worker.models.qwen3_tts.tiny",
     speakers_of=designed_voices,
+    designed_voice_of=designed_voice,
     follows_instructions=follows_instructions,
     instructed="the 1.7B CustomVoice and VoiceDesign checkpoints",
 )
