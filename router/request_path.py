@@ -673,10 +673,14 @@ class RequestPath:
         params = parse_qs(query.decode("latin-1"))
         if session is None and "session_id" in params:  # a browser cannot set headers
             session = params["session_id"][0].encode("latin-1")
-        # any worker that serves the endpoint (and the model asked for) takes the session
-        c = classify_plain(route[0])
+        # any worker that serves the endpoint (and the model asked for) takes the session; a
+        # transcription session (OpenAI's ?intent=transcription) any worker that transcribes
+        if params.get("intent") == ["transcription"] and route[0] is Endpoint.REALTIME:
+            c = classify_plain(Endpoint.TRANSCRIPTION)
+        else:
+            c = classify_plain(route[0])
+            c.stage_class = StageClass.SPEECH
         c.model = params.get("model", [None])[0]
-        c.stage_class = StageClass.SPEECH
         admitted = self._admit(client, c, session)
         if admitted is None:
             return

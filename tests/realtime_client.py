@@ -104,6 +104,15 @@ async def read_response(conn: Any, on_event: Any = None) -> Response:
             return r
 
 
+async def recv_strict(conn: Any) -> Any:
+    """The next server event, validated in strict mode against the openai SDK's own models
+    (``RealtimeServerEvent``): an event the SDK cannot parse fails here."""
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RealtimeServerEvent).validate_json(await conn.recv_bytes(), strict=True)
+
+
 class RealtimeError(Exception):
     def __init__(self, error: Any) -> None:
         self.code = getattr(error, "code", None)

@@ -735,3 +735,52 @@ def test_text_streamed_into_a_realtime_tts_session(fleet: FamilyFleet) -> None:
         while (event := recv(ws, 120))["type"] != "speech.audio.done":
             streamed.extend(base64.b64decode(event["audio"]))
     assert audio and bytes(audio) == bytes(streamed)
+
+
+def test_a_transcription_session_on_qwen3_asr_through_the_router(fleet: FamilyFleet) -> None:
+    """OpenAI's transcription session (what LiveKit's and Pipecat's realtime STT open) on the
+    Qwen3-ASR worker, through the router with the SDK: the router sends
+    ``?intent=transcription`` to a worker that transcribes; each segment, committed in turn, is
+    transcribed with the session's language (an ISO code) and, as its context, the session's
+    prompt then the earlier segments' text: the input tokens of ``/v1/audio/transcriptions``
+    with that context. Every event passes the SDK's models in strict mode."""
+    from tests.realtime_client import recv_strict, sdk_client, stream_audio
+    from tests.spoken import speech_pcm
+
+    segments = [speech_pcm(0.6, seed=3), speech_pcm(0.9, seed=4)]
+
+    async def run() -> list[tuple[str, int]]:
+        client = sdk_client(fleet.router.url, "unused")
+        async with client.realtime.connect(
+            model="tiny-qwen3-asr", extra_query={"intent": "transcription"}
+        ) as conn:
+            created = await recv_strict(conn)
+            assert created.type == "session.created" and created.session.type == "transcription"
+            transcription = {"model": "gpt-4o-transcribe", "language": "en", "prompt": "Oslo."}
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "transcription": transcription, "turn_detection": None}}})  # fmt: skip
+            assert (await recv_strict(conn)).type == "session.updated"
+            for pcm in segments:
+                await stream_audio(conn, pcm, paced=False)
+                await conn.input_audio_buffer.commit()
+            got: list[tuple[str, int]] = []
+            while len(got) < len(segments):
+                event = await recv_strict(conn)
+                assert event.type != "error", event
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    got.append((event.transcript, event.usage.input_tokens))
+            return got
+
+    got = asyncio.run(run())
+    sdk = fleet.sdk()
+    earlier: list[str] = []
+    for pcm, (transcript, tokens) in zip(segments, got, strict=True):
+        clip = io.BytesIO()
+        sf.write(clip, np.frombuffer(pcm, dtype="<i2"), 24_000, format="WAV", subtype="PCM_16")
+        prompt = "\n".join(p for p in ["Oslo.", " ".join(t.strip() for t in earlier)] if p)
+        rest = sdk.audio.transcriptions.create(
+            model="tiny-qwen3-asr", file=("clip.wav", clip.getvalue()), prompt=prompt,
+            language="en",
+        )  # fmt: skip
+        assert rest.usage.input_tokens == tokens, (prompt, rest.usage, tokens)
+        earlier.append(transcript)

@@ -11,7 +11,15 @@ from collections.abc import Iterator
 import numpy as np
 import openai
 import pytest
-from realtime_client import add_user_text, audio_session, read_response, silence_pcm, speech_pcm
+from realtime_client import (
+    add_user_text,
+    audio_session,
+    read_response,
+    recv_strict,
+    silence_pcm,
+    speech_pcm,
+    stream_audio,
+)
 from spoken import pcm16
 from test_worker_http import Running, serve_in_thread
 from websockets.exceptions import ConnectionClosed
@@ -258,3 +266,89 @@ async def test_semantic_vad_takes_eagerness_and_server_vad_refuses_it(fake_worke
             "input_audio_buffer.speech_started",
             "input_audio_buffer.speech_stopped",
         ]
+
+
+ASR_SPEC = ModelSpec.model_validate(
+    {
+        "name": "fake-asr",
+        "model_dir": ".",
+        "capabilities": {
+            "endpoints": ["transcription"],
+            "input_modalities": ["audio"],
+            "output_modalities": ["text"],
+        },
+        "entry": "asr",
+        "stages": {"asr": {"executor": "autoregressive", "terminal": True}},
+    }
+)
+
+
+@pytest.fixture
+def fake_asr(redis_server) -> Iterator[Running]:
+    yield from serve_in_thread(WorkerSettings(_cli_parse_args=[]), redis_server.url, spec=ASR_SPEC)
+
+
+async def test_a_transcription_session_transcribes_each_turn_keeping_its_language(
+    fake_asr: Running,
+) -> None:
+    """OpenAI's transcription session (``?intent=transcription``) on a worker that only
+    transcribes: each committed segment is transcribed, in order, after the session's prompt,
+    its keywords and the text before it; the first language the model detects that the API
+    knows is the hint of the segments after it. Every event passes the SDK's models in strict
+    mode; what a transcription session does not do is an error naming it."""
+    fake_asr.pipeline.detects = ["Klingon", "German", "French"]  # (Klingon: unknown, not kept)
+    client = openai.AsyncOpenAI(base_url=fake_asr.url + "/v1", api_key="none", max_retries=0)
+    async with client.realtime.connect(
+        model="fake-asr", extra_query={"intent": "transcription"}
+    ) as conn:
+        created = await recv_strict(conn)
+        assert created.type == "session.created" and created.session.type == "transcription"
+        transcription = {"model": "gpt-4o-transcribe", "prompt": "Oslo.", "keywords": ["fjord"]}
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "transcription": transcription, "turn_detection": None}}})  # fmt: skip
+        updated = await recv_strict(conn)
+        assert updated.session.audio.input.transcription.keywords == ["fjord"]
+        unknown = {"input": {"transcription": {"languages": ["xx"]}}}
+        for bad, param in (
+            ({"type": "transcription", "instructions": "Be brief."}, "session.instructions"),
+            ({"type": "realtime"}, "session.type"),
+            ({"type": "transcription", "audio": unknown},
+             "session.audio.input.transcription.languages.0"),
+        ):  # fmt: skip
+            await conn.session.update(session=bad)
+            error = await recv_strict(conn)
+            assert error.type == "error" and error.error.param == param, error
+        await conn.response.create()
+        error = await recv_strict(conn)
+        assert error.type == "error" and error.error.param == "type"
+        for seconds in (0.5, 0.7, 0.9):
+            await stream_audio(conn, speech_pcm(seconds), paced=False)
+            await conn.input_audio_buffer.commit()
+        completed = []
+        while len(completed) < 3:
+            event = await recv_strict(conn)
+            assert event.type != "error", event
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                completed.append(event.transcript)
+    asked = [r.transcription for r in fake_asr.pipeline.seen]
+    assert [o.language for o in asked] == [None, None, "German"]
+    context = "Oslo.\nKeywords: fjord."
+    assert [o.prompt for o in asked] == [
+        context,
+        f"{context}\n{completed[0]}",
+        f"{context}\n{completed[0]} {completed[1]}",
+    ]
+
+
+async def test_a_transcription_session_needs_a_worker_that_transcribes(
+    fake_worker: Running,
+) -> None:
+    client = openai.AsyncOpenAI(base_url=fake_worker.url + "/v1", api_key="none", max_retries=0)
+    for query, code, param in (({"intent": "transcription"}, "endpoint_not_served", None),
+                               ({"intent": "bogus"}, "invalid_request", "intent")):  # fmt: skip
+        async with client.realtime.connect(model="fake-omni", extra_query=query) as conn:
+            error = await recv_strict(conn)
+            assert error.type == "error" and error.error.code == code, error
+            assert error.error.param == param
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()

@@ -13,6 +13,7 @@ import numpy as np
 from worker.contract.pipeline import (
     AUDIO_INPUT_RATE,
     AudioChunk,
+    ClipStart,
     Event,
     Finished,
     GenerationRequest,
@@ -38,6 +39,9 @@ class FakePipeline:
         self.seen: list[GenerationRequest] = []
         self.hold = asyncio.Event()  # cleared: requests with "HOLD" in their text wait on it
         self.hold.set()
+        # set: a transcription's text follows a ClipStart with these languages in turn, as
+        # Qwen3-ASR writes the language it detected ("" when it writes none)
+        self.detects: list[str] = []
         self.limits: dict[str, int] = {}  # the thinker's running + queued limit, when set
 
     async def start(self, progress: ProgressCallback) -> None:
@@ -106,6 +110,9 @@ class FakePipeline:
             if "HOLD" in text:
                 await self.hold.wait()
             words = text.split(" ")
+            if request.kind == RequestKind.TRANSCRIPTION and self.detects:
+                assert request.audio is not None
+                yield ClipStart(self.detects.pop(0), 0.0, request.audio.size / AUDIO_INPUT_RATE)
             if request.max_tokens is not None:
                 words = words[: request.max_tokens]
             for i, word in enumerate(words):

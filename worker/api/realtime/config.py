@@ -66,7 +66,16 @@ class VadConfig(BaseModel):
         return self.model_copy(update={"type": given.type, **changes})
 
 
+REALTIME, TRANSCRIPTION = "realtime", "transcription"  # a session's type, set when it opens
+# what a transcription session's session.update may set (OpenAI's transcription session)
+_TRANSCRIPTION_FIELDS = frozenset({"type", "audio", "include", "input_audio_format",
+                                   "input_audio_transcription", "turn_detection"})  # fmt: skip
+
+
 class SessionConfig(BaseModel):
+    # "transcription" (``/v1/realtime?intent=transcription``): committed audio is transcribed,
+    # no response is made
+    type: str = REALTIME
     instructions: str = ""
     output_modalities: list[str] = Field(default_factory=lambda: ["audio"])
     voice: str | None = None
@@ -131,13 +140,25 @@ def max_tokens(given: int | str | None) -> int | None:
 def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str | None]:
     """The config after ``update``, and the voice it names (the caller checks the voice).
     Raises ``RealtimeError`` for what this server cannot do; ``config`` is then unchanged."""
-    if update.type == "transcription":
+    if update.type is not None and update.type != config.type:
         raise RealtimeError(
             Code.INVALID_REQUEST,
-            "transcription sessions are not served; use POST /v1/audio/transcriptions",
+            f"this is a {config.type} session and stays one (a transcription session is opened "
+            "with /v1/realtime?intent=transcription)",
             "session.type",
         )
     audio = update.audio
+    if config.type == TRANSCRIPTION:  # only what transcribing takes
+        extra = sorted(update.model_fields_set - _TRANSCRIPTION_FIELDS)
+        if audio is not None and audio.output is not None:
+            extra.insert(0, "audio.output")
+        if extra:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                f"a transcription session makes no responses: {extra[0]} is not one of its "
+                "settings (audio.input's format, transcription, turn_detection)",
+                f"session.{extra[0]}",
+            )
     changes: dict = {}
     formats = (
         ("input_format", audio.input.format if audio and audio.input else None, "audio.input"),
@@ -175,6 +196,12 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
     ):
         if holder is not None and name in holder.model_fields_set:
             given = getattr(holder, name)
+            if given is None and config.type == TRANSCRIPTION:
+                raise RealtimeError(
+                    Code.INVALID_REQUEST,
+                    "a transcription session transcribes: its transcription cannot be null",
+                    f"session.{'audio.input.' if name == 'transcription' else ''}{name}",
+                )
             changes["transcription"] = (
                 None if given is None else given.model_dump(exclude_none=True)
             )
@@ -186,6 +213,23 @@ def apply(config: SessionConfig, update: SessionIn) -> tuple[SessionConfig, str 
 
 def session_view(config: SessionConfig, session_id: str, model: str, beta: bool) -> dict:
     vad = config.turn_detection.model_dump(exclude_none=True) if config.turn_detection else None
+    if config.type == TRANSCRIPTION:  # OpenAI's transcription session (GA only)
+        if vad is not None:  # (it makes no responses to create or interrupt)
+            vad = {k: v for k, v in vad.items() if not k.endswith("_response")}
+        return {
+            "id": session_id,
+            "object": "realtime.transcription_session",
+            "type": TRANSCRIPTION,
+            "audio": {
+                "input": {
+                    "format": format_view(config.input_format),
+                    "transcription": config.transcription,
+                    "turn_detection": vad,
+                    "noise_reduction": None,
+                }
+            },
+            "include": [],
+        }
     limit = config.max_output_tokens or "inf"
     common = {"id": session_id, "object": "realtime.session", "model": model}
     if beta:

@@ -1,4 +1,5 @@
-"""``/v1/realtime?model=...``: the WebSocket of the OpenAI Realtime API.
+"""``/v1/realtime?model=...``: the WebSocket of the OpenAI Realtime API; with
+``&intent=transcription``, its transcription session, on any worker that transcribes.
 
 Refusals come as an ``error`` event and a close code, never a hang: a wrong worker token or
 model (1008), a draining worker (1012: reconnect, the conversation resumes elsewhere), the
@@ -26,6 +27,7 @@ from fleet.records import Endpoint, WorkerStatus
 from worker.api.common import SESSION_HEADERS, new_id
 from worker.api.gate import TOKEN_HEADER
 from worker.api.realtime import events as ev
+from worker.api.realtime.config import TRANSCRIPTION
 from worker.api.realtime.dialect import wants_beta
 from worker.api.realtime.errors import Close, Code, RealtimeError
 from worker.api.realtime.metrics import RealtimeMetrics
@@ -95,16 +97,30 @@ def _session_id(websocket: WebSocket) -> str:
     return value
 
 
-def _admit(websocket: WebSocket, service: WorkerService) -> tuple[str, str]:
-    """(model, session id) of a session this worker takes now, or a ``RealtimeError`` whose
-    status picks the close code."""
+def _admit(websocket: WebSocket, service: WorkerService, beta: bool) -> tuple[str, str, bool]:
+    """(model, session id, whether it is a transcription session) of a session this worker
+    takes now, or a ``RealtimeError`` whose status picks the close code."""
     token = service.settings.token
     if token is not None and not authorised(websocket, token.get_secret_value()):
         raise RealtimeError(Code.INVALID_API_KEY, "missing or wrong worker token", status=401)
-    if Endpoint.REALTIME not in service.capabilities.endpoints:
+    intent = websocket.query_params.get("intent")
+    if intent not in (None, TRANSCRIPTION):
+        raise RealtimeError(
+            Code.INVALID_REQUEST, f"intent is {TRANSCRIPTION!r} or not given", "intent"
+        )
+    transcription_only = intent == TRANSCRIPTION
+    if transcription_only and beta:
+        raise RealtimeError(
+            Code.INVALID_REQUEST,
+            "transcription sessions speak the GA protocol: connect without OpenAI-Beta",
+            "intent",
+        )
+    needs = Endpoint.TRANSCRIPTION if transcription_only else Endpoint.REALTIME
+    if needs not in service.capabilities.endpoints:
+        what = "transcription" if transcription_only else "realtime"
         raise RealtimeError(
             Code.ENDPOINT_NOT_SERVED,
-            f"model {service.spec.name!r} does not serve realtime sessions",
+            f"model {service.spec.name!r} does not serve {what} sessions",
             status=404,
         )
     try:
@@ -123,7 +139,7 @@ def _admit(websocket: WebSocket, service: WorkerService) -> tuple[str, str]:
             f"this worker holds its limit of {limit} realtime sessions; try again later",
             status=503,
         )
-    return model, session_id
+    return model, session_id, transcription_only
 
 
 def _close_code(error: RealtimeError) -> Close:
@@ -153,7 +169,7 @@ async def realtime(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     beta = wants_beta(websocket.headers.get("openai-beta"))
     try:
-        model, session_id = _admit(websocket, service)
+        model, session_id, transcription_only = _admit(websocket, service, beta)
     except RealtimeError as exc:
         metrics = RealtimeMetrics(service.metrics)
         metrics.error(exc.code.value)
@@ -173,6 +189,7 @@ async def realtime(websocket: WebSocket) -> None:
         beta=beta,
         store=_store(service),
         stored_name=conversation_name(session_id, owner),
+        transcription_only=transcription_only,
     )
     connection = Connection(session)
     service.open_realtime(connection)

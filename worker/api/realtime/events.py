@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from worker.api import languages
 from worker.api.errors import validation_error
 from worker.api.realtime.errors import Code, RealtimeError
 
@@ -85,10 +86,23 @@ class VoiceId(_Model):
     id: str
 
 
+def _known_language(code: str) -> str:
+    if languages.name_of(code) is None:
+        raise ValueError(f"unknown ISO-639-1 code; known: {', '.join(sorted(languages.NAMES))}")
+    return code
+
+
 class TranscriptionIn(_Model):
     model: str | None = None  # any name: the served model transcribes
-    language: str | None = None
+    language: str | None = Field(None, max_length=32)
     prompt: str | None = None
+    # as on /v1/audio/transcriptions: keywords join the context after the prompt; one of
+    # ``languages`` (ISO-639-1) is the hint (worker.api.realtime.transcripts)
+    keywords: list[Annotated[str, Field(max_length=64)]] | None = Field(None, max_length=64)
+    languages: list[Annotated[str, AfterValidator(_known_language)]] | None = Field(
+        None, max_length=1
+    )
+    delay: Annotated[str | None, _unserved(None)] = None  # (OpenAI's latency knob)
 
 
 class AudioInputIn(_Model):

@@ -57,7 +57,10 @@ class RealtimeSession:
         beta: bool = False,
         store: ConversationStore | None = None,
         stored_name: str | None = None,
+        transcription_only: bool = False,
     ) -> None:
+        """``transcription_only``: OpenAI's transcription session (``?intent=transcription``):
+        committed audio is transcribed as it comes, and nothing answers it."""
         self.service = service
         self.session_id = session_id
         self.model = model
@@ -78,6 +81,10 @@ class RealtimeSession:
             self.config.turn_detection = None
         speakers = service.pipeline.speakers()
         self.config.voice = speakers[0] if speakers else None  # a built-in: nothing to fetch
+        if transcription_only:
+            self.config = cfg.SessionConfig(
+                type=cfg.TRANSCRIPTION, output_modalities=["text"], transcription={"model": model}
+            )
         self.voice_audio: np.ndarray | None = None
         self.buffer = InputAudioBuffer(settings.realtime_max_buffer_seconds)
         self.max_text_bytes = max_prompt_bytes(settings, service.spec)
@@ -123,7 +130,9 @@ class RealtimeSession:
                 self.conversation.items = stored.items[-self.conversation.max_items :]
                 if stored.config:
                     with contextlib.suppress(ValueError):
-                        self.config = cfg.SessionConfig.model_validate(stored.config)
+                        config = cfg.SessionConfig.model_validate(stored.config)
+                        if config.type == self.config.type:  # (a session keeps its type)
+                            self.config = config
                 if stored.items or stored.config:
                     log.info(
                         "realtime session %s resumed: %d items", self.session_id, len(stored.items)
@@ -179,6 +188,14 @@ class RealtimeSession:
     # -- dispatch ----------------------------------------------------------------------------
 
     async def handle(self, event: ev.ClientEvent) -> None:
+        if self.config.type == cfg.TRANSCRIPTION and event.type not in _TRANSCRIPTION_EVENTS:
+            raise RealtimeError(
+                Code.INVALID_REQUEST,
+                f"{event.type} is not served in a transcription session: it takes audio "
+                "(input_audio_buffer.*) and its settings (session.update) and answers with "
+                "transcripts",
+                "type",
+            )
         handler = _HANDLERS[event.type]
         await handler(self, event)
 
@@ -261,7 +278,8 @@ class RealtimeSession:
         pcm = self.buffer.take(self.turn_start, turn.until)
         self.turn_item_id = None
         await self._commit(pcm, item_id)
-        if self.vad.config.create_response and self.response is None:
+        if (self.vad.config.create_response and self.response is None
+                and self.config.type == cfg.REALTIME):  # fmt: skip
             await self._start_response(None)
 
     async def _commit(self, pcm: bytes, item_id: str | None = None) -> None:
@@ -439,3 +457,7 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, Any], Awaitable[None]]] = {
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,
 }
+_TRANSCRIPTION_EVENTS = frozenset({
+    "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+    "input_audio_buffer.clear", "conversation.item.delete", "conversation.item.retrieve",
+})  # fmt: skip

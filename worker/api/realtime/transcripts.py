@@ -25,6 +25,7 @@ from worker.api.realtime.errors import RealtimeError
 from worker.api.realtime.response import Channel, SessionClosed
 from worker.contract.options import TranscriptionOptions
 from worker.contract.pipeline import (
+    ClipStart,
     Finished,
     GenerationRequest,
     RequestKind,
@@ -35,25 +36,31 @@ from worker.contract.pipeline import (
 CONTEXT_CHARS = 1_000  # of the session's earlier text, what a segment is transcribed after
 
 
-def transcription_options(config: dict, earlier: list[str]) -> TranscriptionOptions:
+def transcription_options(
+    config: dict, earlier: list[str], detected: str | None = None
+) -> TranscriptionOptions:
     """A segment's options from the session's ``transcription`` settings (``model`` is any
-    name: the served model transcribes) and the transcripts of the segments before it."""
+    name: the served model transcribes), the transcripts of the segments before it and the
+    language the model detected in them (kept when the session names none)."""
     before = " ".join(t.strip() for t in earlier if t.strip())[-CONTEXT_CHARS:]
-    prompt = "\n".join(p for p in (config.get("prompt"), before) if p)
-    language = config.get("language")
-    return TranscriptionOptions(
-        language=languages.hint(language) if language else None, prompt=prompt or None
-    )
+    keywords = config.get("keywords")
+    listed = "Keywords: " + ", ".join(k.strip() for k in keywords) + "." if keywords else None
+    prompt = "\n".join(p for p in (config.get("prompt"), listed, before) if p)
+    given = config.get("language") or (config.get("languages") or [None])[0]
+    language = languages.hint(given) if given else detected
+    return TranscriptionOptions(language=language, prompt=prompt or None)
 
 
 async def transcribe(
     channel: Channel, item: dict, options: TranscriptionOptions, content_index: int = 0
-) -> str | None:
-    """Transcribe ``item``, its deltas sent as they come: its transcript (None: it failed)."""
+) -> tuple[str, str] | None:
+    """Transcribe ``item``, its deltas sent as they come: its transcript and the language the
+    model wrote for it (Qwen3-ASR's; "" from a model that writes none), or None: it failed."""
     item_id = item["id"]
     where = {"item_id": item_id, "content_index": content_index}
     service = channel.service
     text: list[str] = []
+    language = ""
     finished: Finished | None = None
     try:
         try:
@@ -82,6 +89,8 @@ async def transcribe(
                                     "delta": event.text,
                                 }
                             )
+                    elif isinstance(event, ClipStart):
+                        language = event.language or language
                     elif isinstance(event, Finished):
                         finished = event
         except StageFailed as exc:
@@ -121,7 +130,7 @@ async def transcribe(
                 "usage": usage,
             }
         )
-    return transcript
+    return transcript, language
 
 
 class Transcriber:
@@ -132,6 +141,9 @@ class Transcriber:
         self.channel = channel
         self.tasks: set[asyncio.Task] = set()
         self.heard: list[str] = []  # the session's transcripts so far, in order
+        # the first language the model detected that the API knows (worker.api.languages):
+        # the next segments' hint, where the session names none
+        self.language: str | None = None
         self.last: asyncio.Task | None = None
 
     def start(self, item: dict, config: dict) -> None:
@@ -142,9 +154,12 @@ class Transcriber:
         async def in_turn() -> None:
             if before is not None:
                 await asyncio.wait({before})  # (its failure or cancellation is its own)
-            options = transcription_options(config, self.heard)
-            transcript = await transcribe(self.channel, item, options)
-            if transcript is not None:
+            options = transcription_options(config, self.heard, self.language)
+            heard = await transcribe(self.channel, item, options)
+            if heard is not None:
+                transcript, language = heard
+                if self.language is None and languages.codes_of([language]):
+                    self.language = language
                 self.heard.append(transcript)
                 # (only the last CONTEXT_CHARS are ever read: a long session keeps no more)
                 while len(self.heard) > 1 and sum(map(len, self.heard[1:])) >= CONTEXT_CHARS:
