@@ -784,3 +784,146 @@ def test_a_transcription_session_on_qwen3_asr_through_the_router(fleet: FamilyFl
         )  # fmt: skip
         assert rest.usage.input_tokens == tokens, (prompt, rest.usage, tokens)
         earlier.append(transcript)
+
+
+# -- the voice-agent frameworks' own clients, unchanged (issue 47) ------------------------------
+
+
+def _pcm_frames(pcm: bytes, ms: int, make: Callable[[bytes], Any]) -> list:
+    step = 24_000 * ms // 1000 * 2
+    return [make(pcm[at : at + step]) for at in range(0, len(pcm), step)]
+
+
+def test_livekit_agents_tts_and_stt_through_the_router(fleet: FamilyFleet) -> None:
+    """LiveKit Agents' OpenAI plugin pointed at the router (``base_url``, the model, an OpenAI
+    voice name): TTS in its default mp3 over SSE and in pcm, the same speech; STT over REST
+    (its default language, ``en``) and as a realtime transcription session (``use_realtime``:
+    ``?intent=transcription``, server VAD, 50 ms appends), the same text."""
+    from livekit import rtc
+    from livekit.agents import stt, utils
+    from livekit.plugins import openai as lk
+
+    from tests.spoken import speech_pcm
+
+    base_url = fleet.router.url + "/v1"
+    speech = speech_pcm(1.5, seed=7)
+
+    async def run() -> tuple[dict[str, int], str, list[tuple[stt.SpeechEventType, str]]]:
+        samples = {}
+        for fmt in ("mp3", "pcm"):
+            tts = lk.TTS(model="tiny-qwen3-tts", voice="alloy", base_url=base_url,
+                         api_key="unused", response_format=fmt)  # fmt: skip
+            async with tts.synthesize("Hello from LiveKit.") as stream:
+                samples[fmt] = sum([ev.frame.samples_per_channel async for ev in stream])
+            await tts.aclose()
+        utils.http_context._new_session_ctx()
+        try:
+            rest = lk.STT(model="tiny-qwen3-asr", base_url=base_url, api_key="unused",
+                          use_realtime=False)  # fmt: skip
+            heard = await rest.recognize(rtc.AudioFrame(speech, 24_000, 1, len(speech) // 2))
+            live = lk.STT(model="tiny-qwen3-asr", base_url=base_url, api_key="unused",
+                          use_realtime=True)  # fmt: skip
+            stream = live.stream()
+            silence = bytes(2 * 24_000)
+
+            async def microphone() -> None:  # 50 ms frames, as they play
+                for piece in (silence, speech, silence, silence):
+                    for frame in _pcm_frames(
+                        piece, 50, lambda b: rtc.AudioFrame(b, 24_000, 1, len(b) // 2)
+                    ):
+                        stream.push_frame(frame)
+                        await asyncio.sleep(0.05)
+                stream.end_input()
+
+            async def heard_events() -> list:  # up to the turn's transcript, as an agent reads
+                seen = []
+                async for e in stream:
+                    seen.append((e.type, e.alternatives[0].text if e.alternatives else ""))
+                    if e.type == stt.SpeechEventType.FINAL_TRANSCRIPT:
+                        return seen
+                return seen
+
+            _, events = await asyncio.wait_for(
+                asyncio.gather(microphone(), heard_events()), timeout=120
+            )
+            await stream.aclose()
+            await rest.aclose()
+            await live.aclose()
+        finally:
+            await utils.http_context._close_http_ctx()
+        return samples, heard.alternatives[0].text, events
+
+    samples, rest_text, events = asyncio.run(run())
+    # 15 frames of 1920 samples: LiveKit's emitter pads its last 10 ms frame, and mp3 decodes
+    # with its encoder's padding (under one frame)
+    assert 0 <= samples["pcm"] - FRAMES * 1920 <= 240 and 0 <= samples["mp3"] - FRAMES * 1920 < 1920
+    kinds = [kind for kind, _ in events]
+    assert (
+        stt.SpeechEventType.START_OF_SPEECH in kinds and stt.SpeechEventType.END_OF_SPEECH in kinds
+    )
+    finals = [text for kind, text in events if kind == stt.SpeechEventType.FINAL_TRANSCRIPT]
+    assert len(finals) == 1
+    clip = io.BytesIO()
+    sf.write(clip, np.frombuffer(speech, dtype="<i2"), 24_000, format="WAV", subtype="PCM_16")
+    sdk = fleet.sdk().audio.transcriptions.create(
+        model="tiny-qwen3-asr", file=("a.wav", clip.getvalue()), language="en"
+    )
+    assert rest_text == sdk.text  # what the SDK hears in the same audio
+
+
+def test_pipecat_services_through_the_router(fleet: FamilyFleet) -> None:
+    """Pipecat's OpenAI services pointed at the router, run by Pipecat's own test pipeline
+    (``pipecat.tests.utils.run_test``): TTS (raw pcm, a voice among OpenAI's 13: Pipecat takes
+    no other), STT over REST (segmented by the VAD frames, language ``en``) and realtime STT
+    (``?intent=transcription`` with no model in the URL, ``turn_detection: null``: the local
+    VAD's stop commits): speech out, a transcript in each."""
+    from loguru import logger
+    from pipecat.frames.frames import (
+        ErrorFrame,
+        InputAudioRawFrame,
+        InterimTranscriptionFrame,
+        TranscriptionFrame,
+        TTSAudioRawFrame,
+        TTSSpeakFrame,
+        VADUserStartedSpeakingFrame,
+        VADUserStoppedSpeakingFrame,
+    )
+    from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService
+    from pipecat.services.openai.tts import OpenAITTSService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    from tests.spoken import speech_pcm
+
+    logger.remove()  # (Pipecat logs every frame at DEBUG)
+    base_url = fleet.router.url + "/v1"
+    turn = [
+        VADUserStartedSpeakingFrame(),
+        *_pcm_frames(speech_pcm(1.5, seed=9), 20, lambda b: InputAudioRawFrame(b, 24_000, 1)),
+        VADUserStoppedSpeakingFrame(),
+        SleepFrame(5),
+    ]
+
+    async def run() -> tuple[list, list, list]:
+        tts = OpenAITTSService(api_key="unused", base_url=base_url, settings=OpenAITTSService
+                               .Settings(model="tiny-qwen3-tts", voice="alloy"))  # fmt: skip
+        spoken, _ = await run_test(tts, frames_to_send=[TTSSpeakFrame("Hello from Pipecat.")])
+        asr = "tiny-qwen3-asr"
+        rest = OpenAISTTService(api_key="unused", base_url=base_url,
+                                settings=OpenAISTTService.Settings(model=asr))  # fmt: skip
+        heard, _ = await run_test(rest, frames_to_send=turn)
+        live = OpenAIRealtimeSTTService(
+            api_key="unused", base_url=base_url.replace("http", "ws", 1) + "/realtime",
+            settings=OpenAIRealtimeSTTService.Settings(model=asr),
+        )  # fmt: skip
+        streamed, _ = await run_test(live, frames_to_send=[SleepFrame(1), *turn])
+        return list(spoken), list(heard), list(streamed)
+
+    spoken, heard, streamed = asyncio.run(run())
+    for frames in (spoken, heard, streamed):
+        assert not [f for f in frames if isinstance(f, ErrorFrame)], frames
+    audio = b"".join(f.audio for f in spoken if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) == FRAMES * 1920 * 2
+    assert len([f for f in heard if isinstance(f, TranscriptionFrame)]) == 1
+    finals = [f for f in streamed if isinstance(f, TranscriptionFrame)]
+    interims = [f for f in streamed if isinstance(f, InterimTranscriptionFrame)]
+    assert len(finals) == 1 and interims and interims[-1].text == finals[0].text
