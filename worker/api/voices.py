@@ -302,12 +302,17 @@ async def upload_voice(request: Request) -> dict:
         transcript=transcript.strip(),
         consent=consent,
     )
+    return await _stored(service, record, pcm16)
+
+
+async def _stored(service: WorkerService, record: VoiceRecord, data: bytes) -> dict:
+    """Store a voice in the fleet (within the quotas, as its owner's): its ``audio.voice``."""
     try:
-        await service.put_voice(record, pcm16)
+        await service.put_voice(record, data)
     except VoiceQuotaExceeded as exc:
         raise _quota_error(exc) from exc
     except VoiceOwnedByAnotherKey as exc:
-        raise _owned_error(name) from exc
+        raise _owned_error(record.name) from exc
     return _voice_json(record)
 
 
@@ -362,13 +367,7 @@ async def create_designed_voice(
         type=PROMPT_VOICE,
         prompt=prompt.strip(),
     )
-    try:
-        await service.put_voice(record, data)
-    except VoiceQuotaExceeded as exc:
-        raise _quota_error(exc) from exc
-    except VoiceOwnedByAnotherKey as exc:
-        raise _owned_error(name) from exc
-    return _voice_json(record)
+    return await _stored(service, record, data)
 
 
 @router.get("/v1/audio/voices/{name}")
