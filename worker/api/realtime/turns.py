@@ -1,7 +1,7 @@
 """Server-side turn detection: Silero VAD (the ``silero-vad`` package's ONNX model, run by
 onnxruntime) on 32 ms frames, with OpenAI's knobs on its speech probabilities; under
 ``semantic_vad``, Pipecat's Smart Turn v3 model (the ``pipecat-ai`` package's ONNX file, on
-transformers' Whisper features) on each pause.
+the package's own Whisper features) on each pause.
 
 A frame is 512 samples at 16 kHz (768 of the session's 24 kHz audio), the size the model is
 trained on; as the package's own ``OnnxWrapper`` does, each frame goes in with the last 64
@@ -160,24 +160,23 @@ def batcher(loop: asyncio.AbstractEventLoop) -> FrameBatcher:
 class SmartTurn:
     """Smart Turn v3.2: the probability that a turn is complete, from its last 8 s of audio
     (16 kHz, zeros before a shorter one), as Pipecat's ``LocalSmartTurnAnalyzerV3`` feeds it:
-    Whisper's log-mel features of 8 s (80 bins, the waveform normalised first)."""
+    Whisper's log-mel features of 8 s (80 bins, the waveform normalised first), computed by
+    the package's own numpy code: the model is sensitive to them (transformers' extractor, equal
+    to 1.5e-5, moved a probability by 8e-4)."""
 
     def __init__(self) -> None:
-        from transformers import WhisperFeatureExtractor
+        from pipecat.audio.turn.smart_turn._whisper_features import (
+            compute_whisper_log_mel_features,
+        )
 
         path = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
         self.session = _onnx(packaged("pipecat-ai", path))
-        self.features = WhisperFeatureExtractor(
-            feature_size=80, sampling_rate=MODEL_RATE, chunk_length=TURN_SECONDS
-        )
+        self.features = compute_whisper_log_mel_features
 
     def complete(self, samples: np.ndarray) -> float:
         n = TURN_SECONDS * MODEL_RATE
         x = np.pad(samples[-n:], (max(0, n - samples.size), 0))
-        features = self.features(
-            x, sampling_rate=MODEL_RATE, return_tensors="np", padding="max_length",
-            max_length=n, truncation=True, do_normalize=True,
-        ).input_features  # fmt: skip
+        features = self.features(x.astype(np.float32), do_normalize=True)[None]
         (probability,) = self.session.run(None, {"input_features": features.astype(np.float32)})
         return float(np.asarray(probability).reshape(-1)[0])
 
@@ -187,7 +186,7 @@ _loading = threading.Lock()
 
 def smart_turn() -> SmartTurn:
     """The process's model, loaded once (a semantic_vad session warms it in a thread while a
-    pause may ask for it in another: transformers' lazy imports are not safe to race)."""
+    pause may ask for it in another: loading is not safe to race)."""
     with _loading:
         return _smart_turn()
 
