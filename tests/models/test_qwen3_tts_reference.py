@@ -211,7 +211,8 @@ def test_voice_design_through_a_router_equals_official(official: dict, redis_url
         }, timeout=30)  # fmt: skip
         assert as_json.status_code == 200 and as_json.json()["prompt"] == "Bright and quick."
         for bad, param in (({"prompt": "  "}, "prompt"), ({"script_hint": "Hi."}, "script_hint"),
-                           ({"model": "gpt-voice"}, "model")):  # fmt: skip
+                           ({"model": "gpt-voice"}, "model"),
+                           ({"promt": "Deep."}, "promt")):  # fmt: skip
             body = {"name": "x", "type": "prompt", "prompt": "Deep.", **bad}
             refused = httpx.post(router.url + "/v1/audio/voices", json=body, timeout=30)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param

@@ -33,6 +33,11 @@ SILENCE = 1e-4  # peak below this (float, full scale 1.0): a silent reference, r
 MAX_TRANSCRIPT_CHARS = 2048
 MAX_PROMPT_CHARS = 2048  # a designed voice's description
 PROMPT_VOICE = "prompt"  # OpenAI's ``type`` of a voice designed from words
+# the fields OpenAI defines for a voice's creation: a designed voice takes name, type, prompt
+# and model, and refuses the others by name
+_DESIGNED_VOICE_FIELDS = frozenset(
+    {"name", "type", "prompt", "model", "script_hint", "audio_sample", "file", "consent"}
+)
 _MULTIPART_SLACK = 64 * 1024  # a voice upload's body beyond its file: boundaries, name field
 
 
@@ -327,6 +332,13 @@ async def create_designed_voice(
             f"model {service.spec.name!r} cannot design a voice from words (type "
             f"{PROMPT_VOICE!r} needs a Qwen3-TTS VoiceDesign model; through a router, name "
             "one with ?model=)", "type",
+        )  # fmt: skip
+    unknown = sorted(set(fields) - _DESIGNED_VOICE_FIELDS)
+    if unknown:  # (refused, not ignored)
+        raise OmniError(
+            400, ErrorCode.INVALID_REQUEST,
+            f"field {unknown[0]!r} is not one of a designed voice's: "
+            f"{', '.join(sorted(_DESIGNED_VOICE_FIELDS))}", unknown[0],
         )  # fmt: skip
     name = checked_name(fields.get("name"))
     prompt = fields.get("prompt")
