@@ -111,3 +111,8 @@ class FleetKeys:
         """A realtime session's response in flight (JSON: its ids and ``response.create``
         fields), set while it runs: a session resumed elsewhere re-runs it."""
         return f"{self.prefix}conversation-pending:{session_key}"
+
+    def stored_response(self, name: str) -> str:
+        """A stored Responses API response (JSON: the response, its input items and the
+        conversation before it; ``fleet.responses``), named by its id under its API key's id."""
+        return f"{self.prefix}response:{name}"

@@ -19,6 +19,7 @@ class Endpoint(StrEnum):
     """Fixed vocabulary of the OpenAI-compatible endpoints a worker may serve."""
 
     CHAT = "chat"  # POST /v1/chat/completions
+    RESPONSES = "responses"  # /v1/responses (OpenAI's Responses API, on the chat pipeline)
     COMPLETIONS = "completions"  # POST /v1/completions (text in, text out, no chat template)
     SPEECH = "speech"  # POST /v1/audio/speech
     TRANSCRIPTION = "transcription"  # POST /v1/audio/transcriptions

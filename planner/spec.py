@@ -185,7 +185,14 @@ class StageSpec(Strict):
 
 
 EndpointName = Literal[
-    "chat", "completions", "speech", "transcription", "translation", "voices", "realtime"
+    "chat",
+    "responses",
+    "completions",
+    "speech",
+    "transcription",
+    "translation",
+    "voices",
+    "realtime",
 ]
 
 
@@ -193,6 +200,14 @@ class CapabilitiesSpec(Strict):
     endpoints: list[EndpointName]
     input_modalities: list[Literal["text", "audio", "image", "video"]] = ["text"]
     output_modalities: list[Literal["text", "audio"]] = ["text"]
+
+    @model_validator(mode="after")
+    def _responses_on_chat(self) -> CapabilitiesSpec:
+        if "responses" in self.endpoints and "chat" not in self.endpoints:
+            raise ValueError(
+                "endpoint 'responses' runs on the chat pipeline: list 'chat' too, or drop it"
+            )
+        return self
 
 
 class ModelSpec(Strict):

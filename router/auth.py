@@ -1,5 +1,7 @@
-"""Client API keys (``--api-key``): ``Authorization: Bearer <key>``, compared in constant time.
-The router's credential, not the worker's: a checked key is not forwarded."""
+"""Client API keys (``--api-key``): ``Authorization: Bearer <key>`` (OpenAI's clients) or
+``Authorization: Api-Key <key>`` (Baseten's scheme, which LiveKit's Baseten plugins send),
+compared in constant time. The router's credential, not the worker's: a checked key is not
+forwarded."""
 
 from __future__ import annotations
 
@@ -15,7 +17,17 @@ from router.metrics import Metrics
 if TYPE_CHECKING:
     from router.http.server import ClientConnection
 
-_MESSAGE = "missing or invalid API key (Authorization: Bearer ...)"
+_MESSAGE = "missing or invalid API key (Authorization: Bearer ... or Api-Key ...)"
+
+
+def credential(auth: bytes | None) -> bytes | None:
+    """The key an Authorization value carries (None: neither scheme)."""
+    if auth is None:
+        return None
+    scheme = auth[:8].lower()
+    if scheme.startswith(b"bearer "):
+        return auth[7:].strip()
+    return auth[8:].strip() if scheme == b"api-key " else None
 
 
 class ClientAuth:
@@ -29,9 +41,9 @@ class ClientAuth:
 
     def accepts(self, auth: bytes | None) -> bool:
         """Is ``auth`` (an Authorization value) one of the keys? Every key is compared."""
-        if auth is None or auth[:7].lower() != b"bearer ":
+        given = credential(auth)
+        if given is None:
             return False
-        given = auth[7:].strip()
         ok = False
         for key in self.keys or ():
             ok |= hmac.compare_digest(given, key)

@@ -8,11 +8,12 @@ import orjson
 
 from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint, Modality
-from router.prompt import Blocks, read_messages, read_prompt
+from router.prompt import Blocks, read_messages, read_prompt, read_response_inputs
 
 # path -> (endpoint, body is JSON that routing reads)
 ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     b"/v1/chat/completions": (Endpoint.CHAT, True),
+    b"/v1/responses": (Endpoint.RESPONSES, True),
     b"/v1/completions": (Endpoint.COMPLETIONS, True),
     b"/v1/audio/speech": (Endpoint.SPEECH, True),
     b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
@@ -24,11 +25,11 @@ ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
     # text streamed into speech (a speech worker's WebSocket: worker.api.speech_stream)
     b"/v1/audio/speech/stream": (Endpoint.SPEECH, False),
 }
+_STORED_RESPONSE = (Endpoint.RESPONSES, False)  # GET/DELETE /v1/responses/{id}[/input_items]
 WEBSOCKET_ONLY = frozenset({b"/v1/realtime", b"/v1/audio/speech/stream"})
 # OpenAI paths that no worker serves: refused at the router with 404 and what to use instead
 # (a worker that serves one advertises an Endpoint for it, and the path moves to ROUTES)
 UNSERVED: dict[bytes, str] = {
-    b"/v1/responses": "no worker in this fleet serves the Responses API; use /v1/chat/completions",
     b"/v1/embeddings": "no worker in this fleet serves embeddings",
 }
 # metric label of each endpoint (a fixed vocabulary)
@@ -39,7 +40,7 @@ _TEXT_AUDIO = frozenset({Modality.TEXT, Modality.AUDIO})
 _AUDIO_ONLY = frozenset({Modality.AUDIO})
 _NONE: frozenset[Modality] = frozenset()
 # (an enum member read from the class costs a lookup through its metaclass on every request)
-_SPEECH, _COMPLETIONS = Endpoint.SPEECH, Endpoint.COMPLETIONS
+_SPEECH, _COMPLETIONS, _RESPONSES = Endpoint.SPEECH, Endpoint.COMPLETIONS, Endpoint.RESPONSES
 _SPOKEN_MEDIA = hash("spoken reply with media")  # salts such a prompt's chain
 MAX_SESSION_KEY = 256
 
@@ -49,6 +50,7 @@ MAX_SESSION_KEY = 256
 # resource carries no model input or output at all (the endpoint is the capability).
 ENDPOINT_IO: dict[Endpoint, tuple[frozenset[Modality], frozenset[Modality]]] = {
     Endpoint.CHAT: (_TEXT_ONLY, _TEXT_ONLY),
+    Endpoint.RESPONSES: (_TEXT_ONLY, _TEXT_ONLY),
     Endpoint.COMPLETIONS: (_TEXT_ONLY, _TEXT_ONLY),
     Endpoint.SPEECH: (_TEXT_ONLY, _AUDIO_ONLY),
     Endpoint.TRANSCRIPTION: (_AUDIO_ONLY, _TEXT_ONLY),
@@ -85,8 +87,11 @@ def classify_plain(endpoint: Endpoint) -> Classified:
 
 def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
     route = ROUTES.get(path)
-    if route is None and path.startswith((b"/v1/audio/voices/", b"/v1/audio/voice_consents/")):
-        return ROUTES[b"/v1/audio/voices"]
+    if route is None:
+        if path.startswith((b"/v1/audio/voices/", b"/v1/audio/voice_consents/")):
+            return ROUTES[b"/v1/audio/voices"]
+        if path.startswith(b"/v1/responses/"):  # a stored response (any worker reads Redis)
+            return _STORED_RESPONSE
     return route
 
 
@@ -142,6 +147,15 @@ def classify_json(
         return out
     if endpoint is _COMPLETIONS:
         out.blocks = read_prompt(doc) if prefixes else None
+        return out
+    if endpoint is _RESPONSES:
+        # OpenAI's key for keeping related requests on one cache: the session key
+        key = doc.get("prompt_cache_key")
+        if isinstance(key, str) and key:
+            out.session_key = check_session_key(key)
+        inputs = read_response_inputs(doc)
+        if inputs is not None:
+            out.inputs = frozenset(inputs)
         return out
     modalities = doc.get("modalities")
     if isinstance(modalities, list) and "audio" in modalities:

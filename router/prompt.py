@@ -78,6 +78,19 @@ def read_messages(doc: dict, hashing: bool) -> tuple[set[Modality] | None, Block
     return inputs, blocks
 
 
+def read_response_inputs(doc: dict) -> set[Modality] | None:
+    """The modalities beyond text in a Responses request's ``input`` items (None: text only;
+    the prompt is not placed by prefix: with ``previous_response_id`` most of it is in Redis)."""
+    items = doc.get("input")
+    if type(items) is not list:
+        return None
+    inputs: set[Modality] | None = None
+    for item in items:
+        if type(item) is dict and type(item.get("content")) is list:
+            inputs = _modalities(item["content"], inputs)
+    return inputs
+
+
 def read_prompt(doc: dict) -> Blocks | None:
     """A text completion's prompt as blocks (the first prompt of several: a request is placed
     whole): its text in blocks of ``BLOCK_CHARS``, token ids in blocks of ``BLOCK_IDS``, in a

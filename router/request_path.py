@@ -20,7 +20,7 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint
 from router.admission import Admission, Rejected
 from router.affinity import Affinity
-from router.auth import ClientAuth
+from router.auth import ClientAuth, credential
 from router.classify import (
     ROUTE_LABEL,
     UNSERVED,
@@ -55,6 +55,7 @@ _NO_LENGTH_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 _RESENDABLE = frozenset(
     {
         Endpoint.CHAT,
+        Endpoint.RESPONSES,  # (stored under the router's request id: a resend stores it again)
         Endpoint.COMPLETIONS,
         Endpoint.SPEECH,
         Endpoint.TRANSCRIPTION,
@@ -63,6 +64,7 @@ _RESENDABLE = frozenset(
 )
 _METHODS = {
     Endpoint.CHAT: frozenset({b"POST"}),
+    Endpoint.RESPONSES: frozenset({b"GET", b"POST", b"DELETE"}),
     Endpoint.COMPLETIONS: frozenset({b"POST"}),
     Endpoint.SPEECH: frozenset({b"POST"}),
     Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
@@ -70,6 +72,7 @@ _METHODS = {
     Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
     Endpoint.REALTIME: frozenset({b"GET"}),
 }
+_OWNED = frozenset({Endpoint.VOICES, Endpoint.RESPONSES})  # what an API key's id scopes
 _WORKER_LOST_REASON = "worker connection lost; reconnect with the same session id to resume"
 Conn = TypeVar("Conn")
 AdminRoutes = Callable[[ClientConnection, Request, bytes], None]
@@ -183,20 +186,21 @@ class RequestPath:
             if not self.auth.accepts(auth):
                 self.auth.refuse(client)
                 return
-            if endpoint is Endpoint.VOICES:  # per-key voice quotas and owners
-                assert auth is not None
-                fwd += (
-                    API_KEY_ID_HEADER.encode(),
-                    b": ",
-                    api_key_id(auth[7:].strip()).encode(),
-                    b"\r\n",
-                )
+            if endpoint in _OWNED:  # per-key voice quotas and owners, stored responses
+                key = credential(auth)
+                assert key is not None
+                fwd += (API_KEY_ID_HEADER.encode(), b": ", api_key_id(key).encode(), b"\r\n")
         if path in WEBSOCKET_ONLY:
             self.fail(
                 client, OmniError(400, ErrorCode.INVALID_REQUEST, "this endpoint is WebSocket only")
             )
             return
         if json_routed:
+            if req.method != b"POST":  # (GET /v1/responses: no list of responses)
+                self.fail(
+                    client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed")
+                )
+                return
             try:  # (only uploads stream, so a JSON-routed body is always here)
                 c = classify_json(
                     endpoint, req.body or b"", ctype, self.session_from_user, self.cache_aware
@@ -692,7 +696,9 @@ class RequestPath:
             fwd += (b"x-omni-session: ", c.session_key.encode(), b"\r\n")
         if self.check_keys:  # a session's stored conversation belongs to its API key
             assert auth is not None
-            fwd += (API_KEY_ID_HEADER.encode(), b": ", api_key_id(auth[7:].strip()).encode())
+            key = credential(auth)
+            assert key is not None
+            fwd += (API_KEY_ID_HEADER.encode(), b": ", api_key_id(key).encode())
             fwd.append(b"\r\n")
         fwd.append(b"\r\n")
         d = Dispatch(c, req.method + b" " + url + b" HTTP/1.1\r\n", b"".join(fwd), b"", rid_line)

@@ -927,3 +927,82 @@ def test_pipecat_services_through_the_router(fleet: FamilyFleet) -> None:
     finals = [f for f in streamed if isinstance(f, TranscriptionFrame)]
     interims = [f for f in streamed if isinstance(f, InterimTranscriptionFrame)]
     assert len(finals) == 1 and interims and interims[-1].text == finals[0].text
+
+
+def test_baseten_qwen3_tts_speaks_vllm_omnis_dialect_through_the_router(
+    fleet: FamilyFleet,
+) -> None:
+    """LiveKit's ``livekit-plugins-baseten`` ``Qwen3TTS``, unchanged, pointed at the router's
+    speech socket: vLLM-Omni's protocol (``session.config``, ``input.text``, ``input.done``;
+    ``audio.start``, binary PCM, ``audio.done``, ``session.done``) with a voice uploaded to the
+    fleet and cloned by Qwen3-TTS Base. Two turns on its one warm socket (the config sent once),
+    each the audio our own dialect makes of the same text; what the worker cannot honour is an
+    error naming the field."""
+    from livekit.agents import utils
+    from livekit.plugins import baseten
+    from websockets.sync.client import connect
+
+    sdk = fleet.sdk()
+    consent = sdk.audio.voice_consents.create(
+        name="lk", language="en", recording=("c.wav", tone_wav(1.0), "audio/wav")
+    ).id
+    sdk.audio.voices.create(name="lk-clone", audio_sample=("v.wav", tone_wav(1.0, freq=220.0),
+                            "audio/wav"), consent=consent)  # fmt: skip
+    url = fleet.router.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    base = url + "?model=tiny-qwen3-tts-base"
+    texts = ["Hi there.", "Bye now."]
+
+    async def turns() -> list[bytes]:
+        utils.http_context._new_session_ctx()
+        tts = baseten.TTS(model="qwen3-tts", model_endpoint=base, api_key="unused",
+                          voice="lk-clone", extra_config={"temperature": 0})  # fmt: skip
+        heard = []
+        try:
+            for text in texts:
+                stream = tts.stream()
+                stream.push_text(text)
+                stream.end_input()
+                heard.append(b"".join([bytes(ev.frame.data) async for ev in stream]))
+                await stream.aclose()
+        finally:
+            await tts.aclose()
+            await utils.http_context._close_http_ctx()
+        return heard
+
+    heard = asyncio.run(turns())
+    with connect(base, open_timeout=30) as ws:  # our own dialect, the same texts
+        ours = [utterance(ws, [t], pause=0, voice="lk-clone", temperature=0)[0] for t in texts]
+    assert heard == ours and all(len(a) == FRAMES * 1920 * 2 for a in ours)
+    with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        config = {"type": "session.config", "voice": "vivian", "task_type": "Base"}
+        wrongs = [
+            ({}, "task_type"),
+            ({"task_type": None, "ref_audio": "x"}, "ref_audio"),
+            ({"task_type": None, "split_granularity": "sentence"}, "split_granularity"),
+        ]
+        for wrong, param in wrongs:
+            ws.send(json.dumps({**config, **wrong}))
+            error = json.loads(ws.recv(timeout=30))
+            assert error["type"] == "error" and error["param"] == param, error
+        ws.send(json.dumps({"type": "input.done"}))  # (no config took yet)
+        assert json.loads(ws.recv(timeout=30))["type"] == "error"
+        ws.send(json.dumps({**config, "task_type": "CustomVoice", "response_format": "pcm",
+                            "stream_audio": True, "temperature": 0}))  # fmt: skip
+        ws.send(json.dumps({"type": "input.done"}))  # an empty flush (LiveKit's keepalive)
+        assert json.loads(ws.recv(timeout=30)) == {"type": "session.done", "total_sentences": 0}
+        ws.send(json.dumps({"type": "input.text", "text": "Hi yo ok."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        start = json.loads(ws.recv(timeout=60))
+        assert start["type"] == "audio.start" and start["sample_rate"] == 24_000
+        audio = bytearray()
+        while isinstance(frame := ws.recv(timeout=60), bytes):
+            audio += frame
+        done = json.loads(frame)
+        assert (
+            done["type"] == "audio.done" and done["total_bytes"] == len(audio) and not done["error"]
+        )
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.done"
+        ws.send(json.dumps({"type": "voice.list"}))
+        assert json.loads(ws.recv(timeout=30))["param"] == "type"
+    with connect(url + "?model=tiny-qwen3-tts", open_timeout=30) as ws:
+        assert bytes(audio) == utterance(ws, ["Hi yo ok."], pause=0, temperature=0)[0]

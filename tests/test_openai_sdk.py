@@ -4,6 +4,7 @@ configured). Each call goes client -> omni-router -> omni-worker and back."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections import Counter
@@ -735,3 +736,168 @@ def test_a_completion_prompt_lands_where_its_prefix_is_cached(sdk: openai.OpenAI
     usage, before = second.parse().usage, first.parse().usage
     assert usage is not None and usage.prompt_tokens_details is not None and before is not None
     assert (usage.prompt_tokens_details.cached_tokens or 0) >= 0.9 * before.prompt_tokens, usage
+
+
+def test_responses_are_chat_stored_in_the_fleet(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    """``client.responses`` through the routers: a response is the chat completion of the same
+    conversation (greedy: the same text and prompt tokens), continued by
+    ``previous_response_id`` through the other router (the conversation is in Redis, whichever
+    worker serves it), streamed as events the SDK validates strictly, and kept on one worker's
+    cache by ``prompt_cache_key``; a function call is one, and its output continues it."""
+    import json
+
+    import httpx
+    from test_responses_api import events_of
+
+    other = openai.OpenAI(
+        base_url=omni_fleet.routers[1].url + "/v1", api_key=omni_fleet.api_key, max_retries=0
+    )
+    system = {"role": "system", "content": "Be brief."}
+    ask = {"role": "user", "content": "Hello through the router."}
+    first = sdk.responses.create(
+        model=MODEL, instructions="Be brief.", input=ask["content"], max_output_tokens=8
+    )
+    chat = sdk.chat.completions.create(model=MODEL, messages=[system, ask], max_tokens=8)  # type: ignore[list-item]
+    assert first.output_text == chat.choices[0].message.content
+    assert first.usage is not None and chat.usage is not None
+    assert first.usage.input_tokens == chat.usage.prompt_tokens
+    assert first.status == (
+        "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    )
+    more = {"role": "user", "content": "And then?"}
+    second = other.responses.create(
+        model=MODEL, input=more["content"], previous_response_id=first.id, max_output_tokens=6
+    )
+    history = [ask, {"role": "assistant", "content": first.output_text}, more]
+    chat2 = sdk.chat.completions.create(model=MODEL, messages=history, max_tokens=6)  # type: ignore[arg-type]
+    assert second.output_text == chat2.choices[0].message.content
+    assert other.responses.retrieve(first.id).output_text == first.output_text
+    with httpx.Client(
+        base_url=omni_fleet.routers[0].url, headers=omni_fleet.auth, timeout=60
+    ) as http:
+        body = {"model": MODEL, "input": "And then?", "previous_response_id": first.id,
+                "max_output_tokens": 6}  # fmt: skip
+        events = events_of(http, body)
+        assert events[-1].response.output_text == second.output_text
+        assert http.get("/v1/responses").status_code == 405
+    # prompt_cache_key: the second request lands where the first was computed
+    key = {"prompt_cache_key": "sdk-responses", "max_output_tokens": 2}
+    opening = "A long shared context for the responses prefix cache. " * 12
+    a = sdk.responses.with_raw_response.create(model=MODEL, input=opening + "One?", **key)  # type: ignore[arg-type]
+    b = sdk.responses.with_raw_response.create(model=MODEL, input=opening + "Two?", **key)  # type: ignore[arg-type]
+    assert a.headers["x-omni-worker-id"] == b.headers["x-omni-worker-id"]
+    cached = b.parse().usage.input_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached >= 0.9 * a.parse().usage.input_tokens  # type: ignore[union-attr]
+    # a forced function call, then its output
+    tool = {"type": "function", **WEATHER_TOOL["function"]}  # type: ignore[dict-item]
+    asked = "Weather in Oslo for 3 days?"
+    named = {"type": "function", "name": "get_weather"}
+    call_reply = sdk.responses.create(
+        model=MODEL,
+        input=asked,
+        tools=[tool],
+        tool_choice=named,
+        max_output_tokens=128,  # type: ignore[list-item,arg-type]
+    )
+    (call,) = call_reply.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    args = json.loads(call.arguments)
+    assert args["city"] in ("Oslo", "Paris") and 1 <= args["days"] <= 7
+    answered = other.responses.create(
+        model=MODEL, previous_response_id=call_reply.id, tools=[tool], tool_choice="none",  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "clear"}],
+        max_output_tokens=4,
+    )  # fmt: skip
+    chat_calls = [{"id": call.call_id, "type": "function",
+                   "function": {"name": call.name, "arguments": call.arguments}}]  # fmt: skip
+    chat3 = sdk.chat.completions.create(
+        model=MODEL, max_tokens=4, tools=[WEATHER_TOOL], tool_choice="none",  # type: ignore[list-item]
+        messages=[{"role": "user", "content": asked},
+                  {"role": "assistant", "content": None, "tool_calls": chat_calls},
+                  {"role": "tool", "tool_call_id": call.call_id, "content": "clear"}],  # type: ignore[list-item]
+    )  # fmt: skip
+    assert answered.output_text == chat3.choices[0].message.content
+    other.responses.delete(answered.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(answered.id)
+
+
+def test_voice_agent_llms_through_the_router(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    """The LLMs of the voice-agent frameworks pointed at the router, unchanged: LiveKit's
+    Responses LLM over its default WebSocket (two turns: the second sends only the new items
+    with ``previous_response_id``) and over HTTP, LiveKit's chat LLM, and Pipecat's
+    ``OpenAILLMService`` run by Pipecat's test pipeline; each writes what the SDK's chat
+    completion of the same conversation writes (greedy). Each is held to a JSON schema, so that
+    its reply ends by itself: LiveKit raises on a reply cut at its token limit."""
+    from livekit.agents import llm as lkllm
+    from livekit.agents import utils
+    from livekit.plugins import openai as lk
+    from loguru import logger
+    from pipecat.frames.frames import ErrorFrame, LLMContextFrame, LLMTextFrame
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.tests.utils import run_test
+
+    logger.remove()
+    router, key = omni_fleet.routers[0].url, omni_fleet.api_key
+    ask, more = "Hello from an agent.", "And then?"
+    schema = {"name": "m", "strict": True, "schema": {
+        "type": "object", "properties": {"mood": {"enum": ["calm", "loud"]}},
+        "required": ["mood"], "additionalProperties": False}}  # fmt: skip
+    as_text = {"text": {"format": {"type": "json_schema", **schema}}}  # the Responses API's
+    as_chat = {"response_format": {"type": "json_schema", "json_schema": schema}}
+
+    def chat(messages: list[dict]) -> str:
+        out = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, **as_chat)  # type: ignore[call-overload]
+        assert out.choices[0].finish_reason == "stop"
+        return out.choices[0].message.content or ""
+
+    async def said(model: lkllm.LLM, ctx: lkllm.ChatContext) -> str:
+        extra = as_chat if isinstance(model, lk.LLM) else as_text
+        async with model.chat(chat_ctx=ctx, extra_kwargs=extra) as stream:
+            return "".join([c.delta.content async for c in stream if c.delta and c.delta.content])
+
+    async def run() -> dict[str, list[str]]:
+        heard: dict[str, list[str]] = {}
+        ws_url = router.replace("http", "ws", 1) + "/v1/responses"  # (LiveKit's socket URL)
+        models = {
+            "responses-ws": lk.responses.LLM(model=MODEL, api_key=key, max_output_tokens=48,
+                                             base_url=ws_url),
+            "responses-http": lk.responses.LLM(model=MODEL, api_key=key, max_output_tokens=48,
+                                               base_url=router + "/v1", use_websocket=False),
+            "chat": lk.LLM(model=MODEL, api_key=key, max_completion_tokens=48,
+                           base_url=router + "/v1"),
+        }  # fmt: skip
+        utils.http_context._new_session_ctx()
+        try:
+            for name, model in models.items():
+                ctx = lkllm.ChatContext()
+                ctx.add_message(role="user", content=ask)
+                first = await said(model, ctx)
+                ctx.add_message(role="assistant", content=first)
+                ctx.add_message(role="user", content=more)
+                heard[name] = [first, await said(model, ctx)]
+                await model.aclose()
+        finally:
+            await utils.http_context._close_http_ctx()
+        settings = OpenAILLMService.Settings(model=MODEL, max_completion_tokens=48, extra=as_chat)
+        pipecat = OpenAILLMService(api_key=key, base_url=router + "/v1", settings=settings)
+        context = LLMContext(messages=[{"role": "user", "content": ask}])
+        frames, _ = await run_test(pipecat, frames_to_send=[LLMContextFrame(context)])
+        assert not [f for f in frames if isinstance(f, ErrorFrame)], frames
+        heard["pipecat"] = ["".join(f.text for f in frames if isinstance(f, LLMTextFrame))]
+        return heard
+
+    heard = asyncio.run(run())
+    first = chat([{"role": "user", "content": ask}])
+    said_first = {"role": "assistant", "content": first}
+    second = chat([{"role": "user", "content": ask}, said_first, {"role": "user", "content": more}])
+    # LiveKit's Responses LLM sends the items after the ones of its last request: the reply it
+    # got back too, which the stored response already holds (as against OpenAI's API: the
+    # conversation is the previous response's, then the input)
+    resent = chat([{"role": "user", "content": ask}, said_first, said_first,
+                   {"role": "user", "content": more}])  # fmt: skip
+    assert heard == {
+        "responses-ws": [first, resent], "responses-http": [first, resent],
+        "chat": [first, second], "pipecat": [first],
+    }  # fmt: skip

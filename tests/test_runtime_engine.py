@@ -216,8 +216,12 @@ async def test_prompt_over_the_context_is_refused_before_the_encoders(
 
 async def test_transcription_of_generated_audio(engine: Coordinator) -> None:
     speech = GenerationRequest(
-        "tts", RequestKind.SPEECH, text="Testing one two three.", voice="chelsie",
-        output_audio=True, speech_sampling=Sampling(temperature=0.0),
+        "tts",
+        RequestKind.SPEECH,
+        text="Testing one two three.",
+        voice="chelsie",
+        output_audio=True,
+        speech_sampling=Sampling(temperature=0.0),
     )  # fmt: skip (greedy: sampled, the tiny talker may stop before its first frame)
     pcm = np.frombuffer(audio_of(await collect(engine, speech)), dtype="<i2")
     wav24 = pcm.astype(np.float32) / 32768.0

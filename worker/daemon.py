@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from fleet.records import Endpoint, WorkerRecord, WorkerStatus
+from fleet.responses import RedisResponses
 from fleet.settings import redacted_url
 from fleet.store import FleetStore, connect
 from planner.plan import LaunchPlan, NodePlan
@@ -266,6 +267,9 @@ class Daemon:
             redis_url = settings.redis_url.get_secret_value()
             store = FleetStore(connect(redis_url), settings.fleet)
             service.store = store
+            service.responses = RedisResponses(
+                store.redis, settings.fleet, int(settings.stored_response_ttl * 1000)
+            )
             registrar = self._registrar(store, service, url)
             log.info("fleet %r on %s as %s", settings.fleet, redacted_url(redis_url), worker_id)
             await registrar.set_status(WorkerStatus.STARTING, "loading")

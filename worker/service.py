@@ -23,6 +23,7 @@ from fleet.records import (
     VoiceRecord,
     WorkerStatus,
 )
+from fleet.responses import MemoryResponses, ResponseStore
 from fleet.store import FleetStore, VoiceOwnedByAnotherKey, VoiceQuotaExceeded
 from planner.spec import ModelSpec
 from worker.contract.pipeline import AUDIO_OUTPUT_RATE, Pipeline, RequestKind, outputs_of
@@ -44,6 +45,7 @@ _LATENCY_SAMPLES = 64
 # advertising those would send clients to a worker that answers 404.
 SERVED_ENDPOINTS = (
     "chat",
+    "responses",
     "completions",
     "speech",
     "transcription",
@@ -194,6 +196,8 @@ class WorkerService:
         self.status = WorkerStatus.STARTING
         self.detail = "starting"
         self.store: FleetStore | None = None  # set by the daemon when Redis is configured
+        # the Responses API's stored responses (in Redis too, then: the daemon sets it)
+        self.responses: ResponseStore = MemoryResponses(settings.stored_response_ttl)
         self._memory_voices: dict[str, tuple[VoiceRecord, bytes]] = {}
         self._memory_consents: dict[str, ConsentRecord] = {}
         # audio id -> (expiry, text), oldest first

@@ -151,6 +151,13 @@ class WorkerSettings(OmniSettings):
         "for a reconnecting client to resume it",
     )
 
+    stored_response_ttl: float = Field(
+        30 * 24 * 3600.0,
+        gt=0,
+        description="seconds a stored response (the Responses API's store, the default) is "
+        "kept for previous_response_id and GET /v1/responses/{id} (OpenAI keeps 30 days)",
+    )
+
     @field_validator("token", mode="before")
     @classmethod
     def _token_from_env(cls, value: object) -> object:

@@ -10,6 +10,7 @@ from worker.api import (
     completions,
     consents,
     errors,
+    responses,
     speech,
     speech_stream,
     system,
@@ -38,6 +39,7 @@ def create_app(service: WorkerService) -> FastAPI:
     for module in (
         system,
         chat,
+        responses,
         completions,
         speech,
         speech_stream,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import HTTPConnection
 
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint, Modality
@@ -198,7 +200,7 @@ def _grammar(fmt: ResponseFormat | None) -> Grammar | None:
     return Grammar("json_schema", orjson.dumps(schema).decode())
 
 
-def _logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
+def logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
     """OpenAI's ``logprobs.content``: each token, its bytes, log probability and rivals."""
     return [
         {
@@ -213,13 +215,23 @@ def _logprobs_json(entries: list[TokenLogprob]) -> list[dict]:
     ]
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    service = service_of(request)
-    body = await read_json(request, ChatRequest)
-    model = service.check_model(body.model)
-    if Endpoint.CHAT not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve chat")
+@dataclass(slots=True)
+class ChatTurn:
+    """A chat request checked and admitted: one generation per choice, its tools, its ticket
+    (held by the caller from here on)."""
+
+    gens: list[GenerationRequest]
+    tools: ToolUse | None
+    ticket: Ticket
+
+
+async def admitted_chat(
+    request: HTTPConnection, service: WorkerService, body: ChatRequest
+) -> ChatTurn:
+    """Every check of a chat request, then its admission and its engine request: what
+    ``/v1/chat/completions`` and ``/v1/responses`` (chat in another dress) share. A 400 names the
+    chat field (the Responses API renames it to its own)."""
+    model = body.model
     want_audio = "audio" in (body.modalities or ["text"])
     if want_audio:
         if Modality.AUDIO not in service.capabilities.output_modalities:
@@ -283,10 +295,23 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         ticket.release()
         raise
-    gens = choices(gen, n)
+    return ChatTurn(choices(gen, n), tools, ticket)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    service = service_of(request)
+    body = await read_json(request, ChatRequest)
+    model = service.check_model(body.model)
+    if Endpoint.CHAT not in service.capabilities.endpoints:
+        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve chat")
+    turn = await admitted_chat(request, service, body)
+    gens, ticket, n = turn.gens, turn.ticket, len(turn.gens)
+    gen = gens[0]
+    want_audio = gen.output_audio
     at = created(request)
     audio_id = reply_id(request, "audio")
-    calls = _calls(request, tools, n)
+    calls = calls_of(request, turn.tools, n)
     if body.stream:
         return event_stream(_stream(service, body, gens, ticket, at, audio_id, calls), ticket)
     results = await collect_all(request, service, gens, ticket)
@@ -334,7 +359,7 @@ def _usage_of(finished: list[Finished]) -> dict:
     return usage(finished[:1], finished)  # (one prompt: its n choices)
 
 
-def _calls(request: Request, tools: ToolUse | None, n: int) -> list[Calls | None]:
+def calls_of(request: HTTPConnection, tools: ToolUse | None, n: int) -> list[Calls | None]:
     """Per choice, what takes its tool calls out of its text (None: no tools). Call ids are
     the same on every send of one router request (worker.api.replay)."""
     if tools is None:
@@ -354,7 +379,7 @@ def _choice(index: int, result: Collected, body: ChatRequest, calls: Calls | Non
             message["tool_calls"] = found + more
         reason = calls.finish_reason(reason)
     logprobs = (
-        {"content": _logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
+        {"content": logprobs_json(result.logprobs), "refusal": None} if body.logprobs else None
     )
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
@@ -377,7 +402,7 @@ async def _stream(
     ) -> bytes:
         choice: dict = {"index": index, "delta": delta, "finish_reason": finish_reason}
         if logprobs is not None:
-            choice["logprobs"] = {"content": _logprobs_json(logprobs), "refusal": None}
+            choice["logprobs"] = {"content": logprobs_json(logprobs), "refusal": None}
         return sse(
             {
                 "id": gen.request_id,

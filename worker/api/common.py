@@ -13,7 +13,7 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, HTTPConnection
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -72,6 +72,19 @@ async def read_json_object(request: Request) -> dict:
     return data
 
 
+def read_event(text: str | None) -> dict:
+    """A WebSocket client event: a JSON object in a text frame (else a 400 naming ``type``)."""
+    if text is None:
+        raise OmniError(400, ErrorCode.INVALID_REQUEST, "events are JSON text frames", "type")
+    try:
+        event = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise OmniError(400, ErrorCode.INVALID_JSON, f"event is not valid JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise OmniError(400, ErrorCode.INVALID_REQUEST, "an event is a JSON object", "type")
+    return event
+
+
 async def read_form(request: Request) -> FormData:
     if media_type(request) != "multipart/form-data":
         raise OmniError(
@@ -87,7 +100,7 @@ async def read_form(request: Request) -> FormData:
         raise OmniError(400, ErrorCode.INVALID_REQUEST, f"bad multipart body: {exc}") from exc
 
 
-def session_of(request: Request, fallback: str | None = None) -> str | None:
+def session_of(request: HTTPConnection, fallback: str | None = None) -> str | None:
     for name in SESSION_HEADERS:
         if value := request.headers.get(name):
             return value

@@ -268,3 +268,142 @@ class TranscriptionForm(TranslationForm):
     known_speaker_names: list[str] | None = None
     known_speaker_references: list[str] | None = None
     chunking_strategy: str | None = None
+
+
+# -- the Responses API (/v1/responses: worker.api.responses) --------------------------------
+
+
+class ResponseInputText(Body):
+    type: Literal["input_text"]
+    text: str
+
+
+class ResponseInputImage(Body):
+    type: Literal["input_image"]
+    image_url: str | None = None  # a data: URL (file_id: refused, no files are kept)
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ResponseInputAudio(Body):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class ResponseOutputText(Body):
+    """An earlier reply's text, given back in the input (its annotations and logprobs say how
+    it was made, not what it says)."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] = Field(default_factory=list, max_length=0)
+    logprobs: list[Any] | None = None
+
+
+class ResponseRefusal(Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponseMessage(Body):
+    """A message of the input: OpenAI's EasyInputMessage (no ``type``, or ``message``) and an
+    earlier response's output message, given back."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: (
+        str
+        | list[
+            ResponseInputText
+            | ResponseInputImage
+            | ResponseInputAudio
+            | ResponseOutputText
+            | ResponseRefusal
+        ]
+    )
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ResponseFunctionCall(Body):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ResponseFunctionCallOutput(Body):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=128)
+    output: str | list[ResponseInputText]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ResponseFunctionTool(Body):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseNamedFunction(Body):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+
+
+class ResponseTextFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, min_length=1, max_length=64)  # json_schema's
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # (the reply is always held to the schema: constrained)
+
+
+class ResponseTextConfig(Body):
+    format: ResponseTextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # (refused: no such control)
+
+
+class ResponseStreamOptions(Body):
+    # (true refused: no obfuscation padding is written)
+    include_obfuscation: bool | None = None
+
+
+class ResponsesRequest(_Sampling):
+    """``POST /v1/responses``. The input items are read one by one (worker.api.responses), so
+    that a wrong one is named by its place; the fields of OpenAI's hosted features (background
+    runs, conversations, prompt templates, reasoning, truncation) are refused when set."""
+
+    model: str
+    input: str | list[dict[str, Any]] = Field(max_length=4096)
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1, max_length=128)
+    stream: bool = False
+    stream_options: ResponseStreamOptions | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+    text: ResponseTextConfig | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | ResponseNamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    prompt_cache_key: str | None = Field(None, max_length=256)  # the router's affinity key
+    safety_identifier: str | None = Field(None, max_length=256)
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # OpenAI's hosted features: refused when set (worker.api.responses.UNSERVED)
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    prompt_cache_retention: str | None = None

@@ -159,7 +159,7 @@ async def speech(request: Request) -> Response:
         words = word_entries(result.words, body.speed)
         headers["X-Word-Timestamps"] = json.dumps(words, separators=(",", ":"))
     return Response(
-        _whole(bytes(result.pcm16), fmt, body.speed, rate),
+        whole_audio(bytes(result.pcm16), fmt, body.speed, rate),
         media_type=speech_formats.media_type(fmt),
         headers=headers,
     )
@@ -226,7 +226,7 @@ def speech_sampling(request: HTTPConnection, body: SpeechSampling, index: int = 
     )
 
 
-def _whole(pcm16: bytes, fmt: str, speed: float, rate: int) -> bytes:
+def whole_audio(pcm16: bytes, fmt: str, speed: float, rate: int) -> bytes:
     out = speech_formats.Output(fmt, speed, rate)
     data = out.feed(pcm16) + out.close()
     return audio.wav_header(len(data), rate) + data if fmt == "wav" else data
@@ -288,7 +288,7 @@ async def speech_batch(request: Request) -> Response:
             "index": i,
             "format": fmt,
             "sample_rate": rate,
-            "audio": base64.b64encode(_whole(bytes(r.pcm16), fmt, body.speed, rate)).decode(),
+            "audio": base64.b64encode(whole_audio(bytes(r.pcm16), fmt, body.speed, rate)).decode(),
             "seconds": round(audio.pcm16_seconds(bytes(r.pcm16)) / body.speed, 3),
         }
         for i, r in enumerate(results)

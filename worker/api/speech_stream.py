@@ -22,7 +22,8 @@ kHz unless asked, or G.711 at 8 kHz) as the vocoder makes it, then ``speech.audi
 usage, words?}`` (``words``: ``[{word, start, end}]`` in seconds, when asked); after that the
 next ``speech.create`` may come. A mistake is an ``error`` event (``{"error": {code, message,
 param}}``) and the socket stays open; a wrong worker token or a model without streamed text
-closes it (1008). The router routes the socket like ``/v1/realtime``.
+closes it (1008). The router routes the socket like ``/v1/realtime``. A socket whose first event
+is ``session.config`` speaks vLLM-Omni's dialect instead (``worker.api.speech_stream_vllm``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
 import orjson
@@ -51,6 +52,7 @@ from worker.api.speech import (
     speech_sampling,
     word_entries,
 )
+from worker.api.speech_stream_vllm import OPENING_EVENTS, VllmSpeechSession
 from worker.api.streamed_text import StreamedText
 from worker.contract.pipeline import (
     AudioChunk,
@@ -125,8 +127,11 @@ async def speech_stream(websocket: WebSocket) -> None:
         await websocket.send_text(orjson.dumps(event).decode())
 
     try:
+        message = await websocket.receive()
+        if _opening(message) in OPENING_EVENTS:  # vLLM-Omni's dialect
+            await VllmSpeechSession(websocket, service).serve(message)
+            return
         while True:
-            message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 break
             try:
@@ -154,6 +159,7 @@ async def speech_stream(websocket: WebSocket) -> None:
                 await send(from_pydantic(exc).body())
             except OmniError as exc:
                 await send(exc.body())
+            message = await websocket.receive()
     except WebSocketDisconnect:
         pass
     finally:
@@ -161,6 +167,16 @@ async def speech_stream(websocket: WebSocket) -> None:
             current.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await current.task
+
+
+def _opening(message: MutableMapping[str, Any]) -> str:
+    """The type of a socket's first event ("": not a JSON object with one)."""
+    try:
+        event = orjson.loads(message.get("text") or b"")
+    except orjson.JSONDecodeError:
+        return ""
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind if isinstance(kind, str) else ""
 
 
 Send = Callable[[dict], Awaitable[None]]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from fleet.errors import ErrorCode, OmniError
 from worker.api.common import TrackedStream, until_disconnect
@@ -38,7 +39,7 @@ def refuse_unserved(body: TextGeneration) -> None:
         raise bad("stream_options needs stream: true", "stream_options")
 
 
-def sampling_of(request: Request, body: TextGeneration) -> Sampling:
+def sampling_of(request: HTTPConnection, body: TextGeneration) -> Sampling:
     """How the thinker picks tokens: every sampling field of the body (a sampled request
     without a seed gets one derived from the router's request id: worker.api.replay)."""
     return Sampling(
