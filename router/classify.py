@@ -10,22 +10,26 @@ from fleet.errors import ErrorCode, OmniError
 from fleet.records import Endpoint, Modality
 from router.prompt import Blocks, read_messages, read_prompt, read_response_inputs
 
-# path -> (endpoint, body is JSON that routing reads)
-ROUTES: dict[bytes, tuple[Endpoint, bool]] = {
-    b"/v1/chat/completions": (Endpoint.CHAT, True),
-    b"/v1/responses": (Endpoint.RESPONSES, True),
-    b"/v1/completions": (Endpoint.COMPLETIONS, True),
-    b"/v1/audio/speech": (Endpoint.SPEECH, True),
-    b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False),
-    b"/v1/audio/translations": (Endpoint.TRANSLATION, False),
-    b"/v1/audio/voices": (Endpoint.VOICES, False),
+_POST, _GET = frozenset({b"POST"}), frozenset({b"GET"})
+_READ_WRITE = frozenset({b"GET", b"POST", b"DELETE"})
+# path -> (endpoint, body is JSON that routing reads, methods)
+Route = tuple[Endpoint, bool, frozenset[bytes]]
+ROUTES: dict[bytes, Route] = {
+    b"/v1/chat/completions": (Endpoint.CHAT, True, _POST),
+    b"/v1/responses": (Endpoint.RESPONSES, True, _POST),
+    b"/v1/completions": (Endpoint.COMPLETIONS, True, _POST),
+    b"/v1/audio/speech": (Endpoint.SPEECH, True, _POST),
+    b"/v1/audio/transcriptions": (Endpoint.TRANSCRIPTION, False, _POST),
+    b"/v1/audio/translations": (Endpoint.TRANSLATION, False, _POST),
+    b"/v1/audio/voices": (Endpoint.VOICES, False, _READ_WRITE),
     # the recordings of the speakers' consent to their cloned voices (worker.api.consents)
-    b"/v1/audio/voice_consents": (Endpoint.VOICES, False),
-    b"/v1/realtime": (Endpoint.REALTIME, False),
+    b"/v1/audio/voice_consents": (Endpoint.VOICES, False, _READ_WRITE),
+    b"/v1/realtime": (Endpoint.REALTIME, False, _GET),
     # text streamed into speech (a speech worker's WebSocket: worker.api.speech_stream)
-    b"/v1/audio/speech/stream": (Endpoint.SPEECH, False),
+    b"/v1/audio/speech/stream": (Endpoint.SPEECH, False, _POST),
 }
-_STORED_RESPONSE = (Endpoint.RESPONSES, False)  # GET/DELETE /v1/responses/{id}[/input_items]
+# GET/DELETE /v1/responses/{id}[/input_items]: a stored response
+_STORED_RESPONSE: Route = (Endpoint.RESPONSES, False, frozenset({b"GET", b"DELETE"}))
 WEBSOCKET_ONLY = frozenset({b"/v1/realtime", b"/v1/audio/speech/stream"})
 # OpenAI paths that no worker serves: refused at the router with 404 and what to use instead
 # (a worker that serves one advertises an Endpoint for it, and the path moves to ROUTES)
@@ -85,7 +89,7 @@ def classify_plain(endpoint: Endpoint) -> Classified:
     return Classified(endpoint, inputs=inputs, outputs=outputs)
 
 
-def route_of(path: bytes) -> tuple[Endpoint, bool] | None:
+def route_of(path: bytes) -> Route | None:
     route = ROUTES.get(path)
     if route is None:
         if path.startswith((b"/v1/audio/voices/", b"/v1/audio/voice_consents/")):

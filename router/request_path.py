@@ -62,16 +62,6 @@ _RESENDABLE = frozenset(
         Endpoint.TRANSLATION,
     }
 )
-_METHODS = {
-    Endpoint.CHAT: frozenset({b"POST"}),
-    Endpoint.RESPONSES: frozenset({b"GET", b"POST", b"DELETE"}),
-    Endpoint.COMPLETIONS: frozenset({b"POST"}),
-    Endpoint.SPEECH: frozenset({b"POST"}),
-    Endpoint.TRANSCRIPTION: frozenset({b"POST"}),
-    Endpoint.TRANSLATION: frozenset({b"POST"}),
-    Endpoint.VOICES: frozenset({b"GET", b"POST", b"DELETE"}),
-    Endpoint.REALTIME: frozenset({b"GET"}),
-}
 _OWNED = frozenset({Endpoint.VOICES, Endpoint.RESPONSES})  # what an API key's id scopes
 _WORKER_LOST_REASON = "worker connection lost; reconnect with the same session id to resume"
 Conn = TypeVar("Conn")
@@ -174,9 +164,9 @@ class RequestPath:
             client.route = "models" if path.startswith(b"/v1/models") else "admin"
             self.admin_routes(client, req, path)
             return
-        endpoint, json_routed = route
+        endpoint, json_routed, methods = route
         client.route = ROUTE_LABEL[endpoint]  # a dict, not the enum's value property
-        if req.method not in _METHODS[endpoint]:
+        if req.method not in methods:
             self.fail(client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed"))
             return
         fwd, auth, ctype, session = read_client_headers(
@@ -196,11 +186,6 @@ class RequestPath:
             )
             return
         if json_routed:
-            if req.method != b"POST":  # (GET /v1/responses: no list of responses)
-                self.fail(
-                    client, OmniError(405, ErrorCode.METHOD_NOT_ALLOWED, "method not allowed")
-                )
-                return
             try:  # (only uploads stream, so a JSON-routed body is always here)
                 c = classify_json(
                     endpoint, req.body or b"", ctype, self.session_from_user, self.cache_aware

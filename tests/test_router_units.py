@@ -6,13 +6,14 @@ import time
 from collections import Counter
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliApp
 
 from fleet.errors import OmniError
 from fleet.records import Endpoint, LoadReport, Modality, WorkerRecord, WorkerStatus
 from router.admission import Admission
-from router.classify import StageClass, classify_json, classify_plain
+from router.auth import ClientAuth, credential
+from router.classify import StageClass, classify_json, classify_plain, route_of
 from router.health import Breaker, HealthState
 from router.metrics import Metrics
 from router.policies import (
@@ -82,6 +83,33 @@ def test_classification_reads_routing_fields_only() -> None:
     with pytest.raises(OmniError) as err:
         classify_json(Endpoint.CHAT, b"{}", b"text/plain", True)
     assert err.value.status == 415
+
+
+def test_responses_are_classified_and_routed_by_their_cache_key() -> None:
+    """The Responses API: ``prompt_cache_key`` is the session key, image parts of the input
+    items are a modality, and the stored responses' paths take GET and DELETE only."""
+    body = (
+        b'{"model":"m","prompt_cache_key":"conv-1","input":[{"role":"user","content":'
+        b'[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"data:"}]}]}'
+    )
+    c = classify_json(Endpoint.RESPONSES, body, b"application/json", False)
+    assert (c.model, c.session_key, c.blocks) == ("m", "conv-1", None)
+    assert c.inputs == {Modality.TEXT, Modality.IMAGE} and c.stage_class == StageClass.TEXT
+    plain = classify_json(
+        Endpoint.RESPONSES, b'{"model":"m","input":"hi"}', b"application/json", False
+    )
+    assert plain.session_key is None and plain.inputs == {Modality.TEXT}
+    assert route_of(b"/v1/responses") == (Endpoint.RESPONSES, True, frozenset({b"POST"}))
+    stored = route_of(b"/v1/responses/resp-1/input_items")
+    assert stored == (Endpoint.RESPONSES, False, frozenset({b"GET", b"DELETE"}))
+
+
+def test_api_keys_come_as_bearer_or_api_key() -> None:
+    auth = ClientAuth([SecretStr("k1")], Metrics())
+    for given in (b"Bearer k1", b"bearer  k1 ", b"Api-Key k1", b"api-key k1"):
+        assert auth.accepts(given) and credential(given) == b"k1"
+    for given in (b"Basic k1", b"Bearer k2", b"Api-Key", b"k1", None):
+        assert not auth.accepts(given)
 
 
 def test_load_score_weights_the_stage_the_request_class_loads() -> None:
