@@ -8,6 +8,8 @@ import functools
 import io
 import shutil
 import subprocess
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -73,3 +75,10 @@ def speech_pcm(seconds: float, seed: int = 0) -> bytes:
     if samples.size < n:
         raise ValueError(f"the sentence lasts {samples.size / RATE:.1f} s, not {seconds} s")
     return pcm16(samples[:n])
+
+
+def pcm_frames(pcm: bytes, ms: int, make: Callable[[bytes], Any]) -> list:
+    """24 kHz pcm16 in frames of ``ms`` milliseconds, each made by ``make`` (a framework's
+    audio frame), as a microphone delivers them."""
+    step = 24_000 * ms // 1000 * 2
+    return [make(pcm[at : at + step]) for at in range(0, len(pcm), step)]

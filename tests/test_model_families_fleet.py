@@ -789,11 +789,6 @@ def test_a_transcription_session_on_qwen3_asr_through_the_router(fleet: FamilyFl
 # -- the voice-agent frameworks' own clients, unchanged (issue 47) ------------------------------
 
 
-def _pcm_frames(pcm: bytes, ms: int, make: Callable[[bytes], Any]) -> list:
-    step = 24_000 * ms // 1000 * 2
-    return [make(pcm[at : at + step]) for at in range(0, len(pcm), step)]
-
-
 def test_livekit_agents_tts_and_stt_through_the_router(fleet: FamilyFleet) -> None:
     """LiveKit Agents' OpenAI plugin pointed at the router (``base_url``, the model, an OpenAI
     voice name): TTS in its default mp3 over SSE and in pcm, the same speech; STT over REST
@@ -803,7 +798,7 @@ def test_livekit_agents_tts_and_stt_through_the_router(fleet: FamilyFleet) -> No
     from livekit.agents import stt, utils
     from livekit.plugins import openai as lk
 
-    from tests.spoken import speech_pcm
+    from tests.spoken import pcm_frames, speech_pcm
 
     base_url = fleet.router.url + "/v1"
     speech = speech_pcm(1.5, seed=7)
@@ -828,7 +823,7 @@ def test_livekit_agents_tts_and_stt_through_the_router(fleet: FamilyFleet) -> No
 
             async def microphone() -> None:  # 50 ms frames, as they play
                 for piece in (silence, speech, silence, silence):
-                    for frame in _pcm_frames(
+                    for frame in pcm_frames(
                         piece, 50, lambda b: rtc.AudioFrame(b, 24_000, 1, len(b) // 2)
                     ):
                         stream.push_frame(frame)
@@ -892,13 +887,13 @@ def test_pipecat_services_through_the_router(fleet: FamilyFleet) -> None:
     from pipecat.services.openai.tts import OpenAITTSService
     from pipecat.tests.utils import SleepFrame, run_test
 
-    from tests.spoken import speech_pcm
+    from tests.spoken import pcm_frames, speech_pcm
 
     logger.remove()  # (Pipecat logs every frame at DEBUG)
     base_url = fleet.router.url + "/v1"
     turn = [
         VADUserStartedSpeakingFrame(),
-        *_pcm_frames(speech_pcm(1.5, seed=9), 20, lambda b: InputAudioRawFrame(b, 24_000, 1)),
+        *pcm_frames(speech_pcm(1.5, seed=9), 20, lambda b: InputAudioRawFrame(b, 24_000, 1)),
         VADUserStoppedSpeakingFrame(),
         SleepFrame(5),
     ]

@@ -901,3 +901,108 @@ def test_voice_agent_llms_through_the_router(sdk: openai.OpenAI, omni_fleet: Fle
         "responses-ws": [first, resent], "responses-http": [first, resent],
         "chat": [first, second], "pipecat": [first],
     }  # fmt: skip
+
+
+def test_livekit_realtime_model_through_the_router(sdk: openai.OpenAI, omni_fleet: Fleet) -> None:
+    """LiveKit's ``RealtimeModel`` pointed at the router, unchanged (the GA protocol): a text
+    turn writes what the chat completion of the same conversation writes; its periodic
+    reconnect (``max_session_duration``, 20 minutes by default: here seconds) opens a new
+    socket and replays the conversation with ``conversation.item.create``, and the next turn
+    answers the whole of it; an audio turn ends by the default ``semantic_vad`` (Smart Turn)
+    and is answered in speech, and a barge-in's truncation of that speech is confirmed."""
+    from livekit import rtc
+    from livekit.agents import utils
+    from livekit.plugins import openai as lk
+
+    from tests.spoken import pcm_frames, speech_pcm
+
+    router, key = omni_fleet.routers[0].url, omni_fleet.api_key
+    ask, more = "Hello from LiveKit.", "And then?"
+
+    def frames(pcm: bytes) -> list[rtc.AudioFrame]:
+        return pcm_frames(pcm, 20, lambda b: rtc.AudioFrame(b, 24_000, 1, len(b) // 2))
+
+    async def answer(session, text: str | None = None) -> tuple[str, int, str]:  # type: ignore[no-untyped-def]
+        if text is not None:
+            ctx = session.chat_ctx.copy()
+            ctx.add_message(role="user", content=text)
+            await session.update_chat_ctx(ctx)
+            created = await asyncio.wait_for(session.generate_reply(), 60)
+        else:
+            created = await asyncio.wait_for(generations.get(), 60)
+        words, samples, item = [], 0, ""
+        async for message in created.message_stream:
+            item = message.message_id
+
+            async def audio(m=message) -> int:  # type: ignore[no-untyped-def]
+                return sum([f.samples_per_channel async for f in m.audio_stream])
+
+            counted = asyncio.create_task(audio())
+            words += [piece async for piece in message.text_stream]
+            samples += await counted
+        return "".join(words), samples, item
+
+    generations: asyncio.Queue = asyncio.Queue()
+
+    async def run() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        utils.http_context._new_session_ctx()
+        try:
+            model = lk.realtime.RealtimeModel(
+                model=MODEL, base_url=router + "/v1", api_key=key, modalities=["text"],
+                max_session_duration=12,  # (LiveKit's is 20 minutes; after the first turn)
+            )  # fmt: skip
+            session = model.session()
+            reconnected = asyncio.Event()
+            session.on("session_reconnected", lambda _: reconnected.set())
+            out["first"] = (await answer(session, ask))[0]
+            await asyncio.wait_for(reconnected.wait(), 60)
+            # (the replayed items, once the new socket confirmed them: a turn sent earlier
+            # would find LiveKit's copy of the conversation empty and send it all again)
+            for _ in range(300):
+                if len(session.chat_ctx.items) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            out["second"] = (await answer(session, more))[0]
+            await session.aclose()
+            await model.aclose()
+            spoken = lk.realtime.RealtimeModel(model=MODEL, base_url=router + "/v1", api_key=key)
+            session = spoken.session()
+            server_events: list[str] = []
+            session.on("openai_server_event_received", lambda ev: server_events.append(ev["type"]))
+            session.on("generation_created", generations.put_nowait)
+            for piece in (bytes(9_600), speech_pcm(1.5, seed=9), bytes(48_000)):
+                for frame in frames(piece):
+                    session.push_audio(frame)
+                    await asyncio.sleep(0.02)
+            text, samples, item = await answer(session)
+            out["spoken"] = (bool(text), samples > 0)
+            session.truncate(message_id=item, modalities=["audio", "text"], audio_end_ms=200)
+            for _ in range(100):
+                if "conversation.item.truncated" in server_events:
+                    break
+                await asyncio.sleep(0.1)
+            out["events"] = server_events
+            await session.aclose()
+            await spoken.aclose()
+        finally:
+            await utils.http_context._close_http_ctx()
+        return out
+
+    out = asyncio.run(run())
+
+    def chat(messages: list[dict]) -> str:
+        reply = sdk.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+        return reply.choices[0].message.content or ""
+
+    first = chat([{"role": "user", "content": ask}])
+    assert out["first"] == first
+    history = [{"role": "user", "content": ask}, {"role": "assistant", "content": first},
+               {"role": "user", "content": more}]  # fmt: skip
+    assert out["second"] == chat(history)
+    assert out["spoken"] == (True, True)
+    events = out["events"]
+    heard = ("speech_started", "speech_stopped", "committed")
+    for kind in (*(f"input_audio_buffer.{k}" for k in heard), "response.done",
+                 "conversation.item.truncated"):  # fmt: skip
+        assert kind in events, (kind, events)
