@@ -184,6 +184,7 @@ class StageSpec(Strict):
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
 
+# the endpoints a spec may list: each one the worker has routes for (fleet.records.Endpoint)
 EndpointName = Literal[
     "chat",
     "responses",

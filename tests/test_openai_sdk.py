@@ -780,6 +780,11 @@ def test_responses_are_chat_stored_in_the_fleet(sdk: openai.OpenAI, omni_fleet: 
         events = events_of(http, body)
         assert events[-1].response.output_text == second.output_text
         assert http.get("/v1/responses").status_code == 405
+    with sdk.responses.connect(extra_query={"model": MODEL}) as conn:  # the WebSocket mode
+        conn.response.create(**body)  # type: ignore[arg-type]
+        while (event := conn.recv()).type not in ("response.completed", "response.incomplete"):
+            assert event.type != "error", event
+        assert event.response.output_text == second.output_text  # type: ignore[union-attr]
     # prompt_cache_key: the second request lands where the first was computed
     key = {"prompt_cache_key": "sdk-responses", "max_output_tokens": 2}
     opening = "A long shared context for the responses prefix cache. " * 12

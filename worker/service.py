@@ -19,6 +19,7 @@ from fleet.records import (
     UNDERRUN_SLACK_S,
     Capabilities,
     ConsentRecord,
+    Endpoint,
     LoadReport,
     VoiceRecord,
     WorkerStatus,
@@ -41,30 +42,13 @@ _LATENCY_WINDOW_S = 30.0
 _LATENCY_SAMPLES = 64
 
 
-# The endpoints this worker has routes for. A spec may list more (Qwen3-Omni's lists realtime);
-# advertising those would send clients to a worker that answers 404.
-SERVED_ENDPOINTS = (
-    "chat",
-    "responses",
-    "completions",
-    "speech",
-    "transcription",
-    "translation",
-    "voices",
-    "realtime",
-)
-
-
 def capabilities_of(spec: ModelSpec) -> Capabilities:
+    """What a worker of ``spec`` advertises (a spec names only endpoints the worker has routes
+    for: ``planner.spec.EndpointName``)."""
     c = spec.capabilities
-    missing = [e for e in c.endpoints if e not in SERVED_ENDPOINTS]
-    if missing:
-        log.warning(
-            "spec %s lists endpoints this worker does not serve yet: %s", spec.name, missing
-        )
     return Capabilities.model_validate(
         {
-            "endpoints": [e for e in c.endpoints if e in SERVED_ENDPOINTS],
+            "endpoints": c.endpoints,
             "input_modalities": c.input_modalities,
             "output_modalities": c.output_modalities,
             "streaming": True,
@@ -236,6 +220,15 @@ class WorkerService:
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {model!r} is not served here; served: {self.spec.served_models}",
                 "model",
+            )
+        return model
+
+    def check_serves(self, model: str | None, endpoint: Endpoint) -> str:
+        """``model``, if this worker serves it at ``endpoint`` (404 naming what it lacks)."""
+        model = self.check_model(model)
+        if endpoint not in self.capabilities.endpoints:
+            raise OmniError(
+                404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve {endpoint.value}"
             )
         return model
 

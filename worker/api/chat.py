@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import HTTPConnection
 
-from fleet.errors import ErrorCode, OmniError, error_body
+from fleet.errors import error_body
 from fleet.records import Endpoint, Modality
 from worker.api import audio
 from worker.api.common import (
@@ -302,9 +302,7 @@ async def admitted_chat(
 async def chat_completions(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request, ChatRequest)
-    model = service.check_model(body.model)
-    if Endpoint.CHAT not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve chat")
+    model = service.check_serves(body.model, Endpoint.CHAT)
     turn = await admitted_chat(request, service, body)
     gens, ticket, n = turn.gens, turn.ticket, len(turn.gens)
     gen = gens[0]

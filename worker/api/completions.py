@@ -16,7 +16,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from fleet.errors import ErrorCode, OmniError, error_body
+from fleet.errors import error_body
 from fleet.records import Endpoint
 from worker.api.common import (
     closed_response,
@@ -85,9 +85,7 @@ def _check(body: CompletionRequest, prompts: list[str | list[int]]) -> None:
 async def completions(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request, CompletionRequest)
-    model = service.check_model(body.model)
-    if Endpoint.COMPLETIONS not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve completions")
+    service.check_serves(body.model, Endpoint.COMPLETIONS)
     prompts = _prompts(body.prompt)
     _check(body, prompts)
     check_max_tokens(service.spec, body.max_tokens, "max_tokens")

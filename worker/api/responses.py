@@ -272,7 +272,7 @@ def _chat_request(
         if fmt.type == "json_schema":
             if fmt.name is None or fmt.json_schema is None:
                 raise bad("a json_schema format needs its name and schema", "text.format")
-            schema = {"name": fmt.name, "schema": fmt.json_schema}
+            schema = fmt.model_dump(exclude_none=True, by_alias=True, exclude={"type"})
             chat["response_format"] = {"type": "json_schema", "json_schema": schema}
         else:
             chat["response_format"] = {"type": fmt.type}
@@ -461,9 +461,7 @@ def _text_part(text: str = "", logprobs: list[dict] | None = None) -> dict:
 async def _begin(conn: HTTPConnection, service: WorkerService, body: ResponsesRequest) -> _Reply:
     """Every check of a request, its conversation read back, then its admission: the response
     is under way (its ticket held: the caller releases it)."""
-    model = service.check_model(body.model)
-    if Endpoint.RESPONSES not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve responses")
+    service.check_serves(body.model, Endpoint.RESPONSES)
     _refuse_unserved(body)
     tools = _function_tools(body)
     prior: list[dict] = []

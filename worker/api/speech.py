@@ -114,18 +114,11 @@ async def speech_generation(
     )
 
 
-def _check(service: WorkerService, model: str | None) -> str:
-    model = service.check_model(model)
-    if Endpoint.SPEECH not in service.capabilities.endpoints:
-        raise OmniError(404, ErrorCode.NOT_FOUND, f"model {model!r} does not serve speech")
-    return model
-
-
 @router.post("/v1/audio/speech")
 async def speech(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request, SpeechRequest)
-    _check(service, body.model)
+    service.check_serves(body.model, Endpoint.SPEECH)
     if not body.input.strip():
         raise OmniError(400, ErrorCode.INVALID_REQUEST, "input is blank", "input")
     fmt = body.response_format
@@ -238,7 +231,7 @@ async def speech_batch(request: Request) -> Response:
 
     service = service_of(request)
     body = await read_json(request, SpeechBatchRequest)
-    _check(service, body.model)
+    service.check_serves(body.model, Endpoint.SPEECH)
     fmt = body.response_format
     rate = speech_formats.output_rate(fmt, body.sample_rate)
     gens = []

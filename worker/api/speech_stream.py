@@ -42,6 +42,7 @@ from starlette.websockets import WebSocketDisconnect
 from fleet.errors import ErrorCode, OmniError, error_body
 from fleet.records import Endpoint
 from worker.api import speech_formats
+from worker.api.common import read_event
 from worker.api.errors import from_pydantic, stage_error
 from worker.api.generation import events
 from worker.api.realtime.endpoint import authorised
@@ -172,10 +173,9 @@ async def speech_stream(websocket: WebSocket) -> None:
 def _opening(message: MutableMapping[str, Any]) -> str:
     """The type of a socket's first event ("": not a JSON object with one)."""
     try:
-        event = orjson.loads(message.get("text") or b"")
-    except orjson.JSONDecodeError:
+        kind = read_event(message.get("text")).get("type")
+    except OmniError:
         return ""
-    kind = event.get("type") if isinstance(event, dict) else None
     return kind if isinstance(kind, str) else ""
 
 

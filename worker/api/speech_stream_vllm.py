@@ -178,9 +178,10 @@ class VllmSpeechSession:
         return out
 
     async def _error(self, exc: OmniError) -> None:
-        await self.send(
-            {"type": "error", "message": exc.message, "code": exc.code.value, "param": exc.param}
-        )
+        await self._send_error(exc.message, exc.code, exc.param)
+
+    async def _send_error(self, message: str, code: ErrorCode, param: str | None) -> None:
+        await self.send({"type": "error", "message": message, "code": code.value, "param": param})
 
     async def _handle(self, text: str | None) -> bool:
         """One client event; True when the session ends (``session.close``)."""
@@ -294,9 +295,7 @@ class VllmSpeechSession:
         except StageFailed as exc:
             error = True
             _, code, message, param = stage_error(exc)
-            await self.send(
-                {"type": "error", "message": message, "code": code.value, "param": param}
-            )
+            await self._send_error(message, code, param)
         finally:
             utterance.ticket.release()
         done: dict[str, Any] = {"type": "audio.done", **ids, "total_bytes": sent, "error": error}
